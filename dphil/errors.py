@@ -1,0 +1,93 @@
+"""Errors that carry a sysexits code, so every command exits the same way.
+
+The library raises these; the command layer turns them into one stderr line
+and the matching exit status. Nothing here knows about click.
+"""
+
+from __future__ import annotations
+
+# sysexits.h codes used by every command.
+EX_OK = 0
+EX_USAGE = 64
+EX_DATAERR = 65
+EX_NOINPUT = 66
+EX_UNAVAILABLE = 69
+EX_SOFTWARE = 70
+EX_CANTCREAT = 73
+EX_IOERR = 74
+EX_TEMPFAIL = 75
+EX_CONFIG = 78
+EX_INTERRUPTED = 130
+
+
+class DphilError(Exception):
+    """Base error: a message for the user and the exit status to leave with."""
+
+    exit_code = EX_SOFTWARE
+
+    def __init__(self, message: str, *, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class UsageError(DphilError):
+    """The options make no sense together (exit 64)."""
+
+    exit_code = EX_USAGE
+
+
+class DataError(DphilError):
+    """A record is malformed or inconsistent (exit 65).
+
+    `source` and `line` locate the record so the message reads
+    ``ep.jsonl:17: missing field 'turns'``.
+    """
+
+    exit_code = EX_DATAERR
+
+    def __init__(self, message: str, *, source: str | None = None, line: int | None = None) -> None:
+        self.reason = message
+        self.source = source
+        self.line = line
+        super().__init__(_locate(message, source, line))
+
+    def at(self, source: str, line: int) -> DataError:
+        """Return the same error located at `source:line`."""
+        return DataError(self.reason, source=source, line=line)
+
+
+class NoInputError(DphilError):
+    """An input file or directory does not exist or cannot be opened (exit 66)."""
+
+    exit_code = EX_NOINPUT
+
+
+class OutputError(DphilError):
+    """Writing the output failed (exit 74)."""
+
+    exit_code = EX_IOERR
+
+
+class ConfigError(DphilError):
+    """A registry or configuration file is wrong (exit 78)."""
+
+    exit_code = EX_CONFIG
+
+
+class MissingExtraError(DphilError):
+    """An optional dependency is needed for this run (exit 69) and says what to install."""
+
+    exit_code = EX_UNAVAILABLE
+
+
+def _locate(message: str, source: str | None, line: int | None) -> str:
+    if source is None:
+        return message
+    if line is None:
+        return f"{source}: {message}"
+    return f"{source}:{line}: {message}"

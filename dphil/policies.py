@@ -1,0 +1,129 @@
+"""Built-in scripted philosophers (`-m scripted:NAME`).
+
+They need no network and are deterministic per seed, so they serve as
+baselines (`random`), known failures (`naive` deadlocks, `idle` games the
+published reward), an upper bound (`hierarchy`, Dijkstra's resource ordering)
+and test fixtures. Each works in both protocols.
+
+A policy is a function ``(table, i, rng) -> action name or None`` that reads the
+live table; under the simultaneous schedule nothing changes on the table while
+the philosophers choose, so reading it equals reading the snapshot.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from .table import FREE, Table, protocol_actions
+
+Policy = Callable[[Table, int, random.Random], "str | None"]
+
+
+def _ate_last(table: Table, i: int) -> bool:
+    last = table.last[i]
+    return last is not None and last["action"] == "eat" and last["ok"]
+
+
+def _side(i: int, fork: int) -> str:
+    return "left" if fork == i else "right"
+
+
+def random_policy(table: Table, i: int, rng: random.Random) -> str | None:
+    """Uniform over the protocol's actions."""
+    actions = protocol_actions(table.protocol)
+    return actions[int(rng.random() * len(actions))]
+
+
+def naive(table: Table, i: int, rng: random.Random) -> str | None:
+    """Left fork, then right, then eat, then put both down; deadlocks when all start together."""
+    holder = table.holder
+    right = (i + 1) % table.n
+    hl, hr = holder[i] == i, holder[right] == i
+    if table.protocol == "dpbench":
+        if hl and hr:
+            return "release"
+        if hl:
+            return "grab-right"
+        if hr:
+            return "release"
+        return "grab-left"
+    if hl and hr:
+        return "put-down-left" if _ate_last(table, i) else "eat"
+    if hl:
+        return "pick-up-right"
+    if hr:
+        return "put-down-right"
+    return "pick-up-left"
+
+
+def hierarchy(table: Table, i: int, rng: random.Random) -> str | None:
+    """Dijkstra's resource ordering: lower-numbered fork first, higher released first.
+
+    Whoever holds exactly one fork holds its lower one, and philosophers 0 and
+    N-1 share the same lower fork, so the table can never reach the state where
+    everyone holds one fork: no deadlock, in either schedule.
+    """
+    holder = table.holder
+    right = (i + 1) % table.n
+    lo, hi = (i, right) if i < right else (right, i)
+    h_lo, h_hi = holder[lo] == i, holder[hi] == i
+    if table.protocol == "dpbench":
+        if h_lo and h_hi:
+            return "wait"  # eating; the table releases both forks after this round
+        if h_hi:
+            return "release"
+        if h_lo:
+            return f"grab-{_side(i, hi)}" if holder[hi] == FREE else "wait"
+        return f"grab-{_side(i, lo)}" if holder[lo] == FREE else "wait"
+    if h_lo and h_hi:
+        return f"put-down-{_side(i, hi)}" if _ate_last(table, i) else "eat"
+    if h_hi:
+        return f"put-down-{_side(i, hi)}"
+    if h_lo:
+        return f"pick-up-{_side(i, hi)}" if holder[hi] == FREE else "think"
+    return f"pick-up-{_side(i, lo)}" if holder[lo] == FREE else "think"
+
+
+def idle(table: Table, i: int, rng: random.Random) -> str | None:
+    """Emits no action at all: the table where nobody acts (1.0 under the paper reward)."""
+    return None
+
+
+def thinker(table: Table, i: int, rng: random.Random) -> str | None:
+    """Always the explicit do-nothing action (`think`, or `wait` in dpbench)."""
+    return "think" if table.protocol == "paper" else "wait"
+
+
+def greedy(table: Table, i: int, rng: random.Random) -> str | None:
+    """Grabs any free fork and, once it has both, keeps eating and never lets go."""
+    holder = table.holder
+    right = (i + 1) % table.n
+    hl, hr = holder[i] == i, holder[right] == i
+    paper = table.protocol == "paper"
+    if hl and hr:
+        return "eat" if paper else "wait"
+    if not hl and holder[i] == FREE:
+        return "pick-up-left" if paper else "grab-left"
+    if not hr and holder[right] == FREE:
+        return "pick-up-right" if paper else "grab-right"
+    return "think" if paper else "wait"
+
+
+POLICIES: dict[str, Policy] = {
+    "random": random_policy,
+    "naive": naive,
+    "hierarchy": hierarchy,
+    "idle": idle,
+    "thinker": thinker,
+    "greedy": greedy,
+}
+
+
+def get_policy(name: str) -> Policy:
+    """Look up a scripted policy by name; KeyError lists the known names."""
+    try:
+        return POLICIES[name]
+    except KeyError:
+        known = ", ".join(sorted(POLICIES))
+        raise KeyError(f"unknown scripted policy {name!r} (known: {known})") from None

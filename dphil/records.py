@@ -1,0 +1,152 @@
+"""The record contract: field names, ids and the checks every reader applies.
+
+Other commands, users' `jq` scripts and polars queries depend on these names,
+so they are defined once here. `schemas/*.schema.json` describes the same
+contract for outside tools; the tests validate `samples/` against them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import __version__
+from .errors import DataError
+from .table import CONFLICTS, DEADLOCK_MODES, PROTOCOLS, SCHEDULES, Table
+
+SCHEMA_VERSION = 1
+
+# The fields that identify an episode: the same values give the same episode_id.
+IDENTITY_FIELDS = ("model", "n", "rounds", "seed", "protocol", "schedule", "conflict", "deadlock_mode")
+
+
+@dataclass(frozen=True)
+class EpisodeConfig:
+    """Everything that determines an episode, and so its id.
+
+    `variant` holds run settings beyond the table (prompt, memory, adapter,
+    checkpoint, ...) that change what is measured and therefore the id; they
+    are also written into the record as top-level fields.
+    """
+
+    model: str
+    n: int
+    rounds: int = 5
+    seed: int = 0
+    protocol: str = "paper"
+    schedule: str = "simultaneous"
+    conflict: str = "random"
+    deadlock_mode: str = "terminal"
+    variant: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (
+            ("protocol", self.protocol, PROTOCOLS),
+            ("schedule", self.schedule, SCHEDULES),
+            ("conflict", self.conflict, CONFLICTS),
+            ("deadlock_mode", self.deadlock_mode, DEADLOCK_MODES),
+        ):
+            if value not in allowed:
+                raise ValueError(f"unknown {name} {value!r} (expected one of {', '.join(allowed)})")
+        if self.n < 2:
+            raise ValueError(f"n must be at least 2, got {self.n}")
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be at least 1, got {self.rounds}")
+
+    @property
+    def episode_id(self) -> str:
+        return episode_id(
+            {**{k: getattr(self, k) for k in IDENTITY_FIELDS}, **self.variant}
+        )
+
+    def header(self) -> dict[str, Any]:
+        """The leading fields of the record, in contract order."""
+        return {
+            "kind": "episode",
+            "schema_version": SCHEMA_VERSION,
+            "episode_id": self.episode_id,
+            "model": self.model,
+            "n": self.n,
+            "rounds": self.rounds,
+            "seed": self.seed,
+            "protocol": self.protocol,
+            "schedule": self.schedule,
+            "conflict": self.conflict,
+            "deadlock_mode": self.deadlock_mode,
+            **self.variant,
+        }
+
+
+def episode_id(identity: dict[str, Any]) -> str:
+    """A stable 16-hex-digit id: a hash of the identity fields, independent of key order."""
+    blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def episode_record(
+    config: EpisodeConfig,
+    table: Table,
+    *,
+    status: str = "complete",
+    error: str | None = None,
+) -> dict[str, Any]:
+    """Build the episode record for a finished (or failed) table."""
+    record = config.header()
+    record["status"] = status
+    if error is not None:
+        record["error"] = error
+    dl = table.deadlock_rounds
+    record["turns"] = table.turns
+    record["events"] = table.events
+    record["meals"] = table.meals
+    record["deadlock"] = bool(dl)
+    record["deadlock_round"] = dl[0] if dl else None
+    record["deadlock_rounds"] = dl
+    record["rounds_played"] = table.round
+    record["dphil_version"] = __version__
+    return record
+
+
+# -- checks applied by readers --------------------------------------------------------
+
+_EPISODE_TYPES: tuple[tuple[str, type | tuple[type, ...]], ...] = (
+    ("n", int),
+    ("rounds", int),
+    ("seed", int),
+    ("protocol", str),
+    ("schedule", str),
+    ("status", str),
+    ("turns", list),
+    ("meals", list),
+)
+
+
+def check_episode(record: dict[str, Any]) -> None:
+    """Raise DataError naming the first missing or ill-typed field of an episode record."""
+    kind = record.get("kind", "episode")
+    if kind != "episode":
+        raise DataError(f"expected an episode record, got kind {kind!r}")
+    for name, typ in _EPISODE_TYPES:
+        if name not in record:
+            raise DataError(f"missing field {name!r}")
+        value = record[name]
+        if not isinstance(value, typ) or isinstance(value, bool):
+            raise DataError(f"field {name!r} should be {_type_name(typ)}, got {_type_name(type(value))}")
+    if record["status"] not in ("complete", "error"):
+        raise DataError(f"field 'status' should be 'complete' or 'error', got {record['status']!r}")
+    if record["protocol"] not in PROTOCOLS:
+        raise DataError(f"unknown protocol {record['protocol']!r}")
+    if record["schedule"] not in SCHEDULES:
+        raise DataError(f"unknown schedule {record['schedule']!r}")
+    if record["n"] < 2 or record["rounds"] < 1:
+        raise DataError("field 'n' must be at least 2 and 'rounds' at least 1")
+
+
+def _type_name(typ: type | tuple[type, ...]) -> str:
+    names = {int: "an integer", str: "a string", list: "a list", dict: "an object", bool: "a boolean",
+             float: "a number", type(None): "null"}
+    if isinstance(typ, tuple):
+        return " or ".join(names.get(t, t.__name__) for t in typ)
+    return names.get(typ, typ.__name__)

@@ -1,0 +1,117 @@
+"""The episode reward of the published study, its shaped variant, and outcome metrics.
+
+    total = alpha*no_deadlock + beta*throughput - gamma*fairness - delta*idle
+
+`paper` is the four-term reward exactly as published, degenerate maximum
+included: a table where nobody acts scores exactly 1.0. `shaped` pays the
+no-deadlock bonus only when at least `min_meals` meals were eaten and counts
+null actions as idle, so doing nothing scores -delta.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+VARIANTS = ("paper", "shaped")
+# The action that counts as idling in each protocol.
+IDLE_ACTION = {"paper": "think", "dpbench": "wait"}
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """A reward variant and its weights; recorded with every score."""
+
+    variant: str = "paper"
+    alpha: float = 1.0
+    beta: float = 0.5
+    gamma: float = 0.3
+    delta: float = 0.1
+    min_meals: int = 1
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown reward variant {self.variant!r} (expected paper or shaped)")
+        for name in ("alpha", "beta", "gamma", "delta"):
+            value = getattr(self, name)
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ValueError(f"weight {name} must be a finite number")
+        if self.min_meals < 0:
+            raise ValueError("min_meals must be >= 0")
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return {"alpha": self.alpha, "beta": self.beta, "gamma": self.gamma, "delta": self.delta}
+
+
+def score(
+    spec: RewardSpec,
+    *,
+    protocol: str,
+    n: int,
+    rounds: int,
+    meals: list[int],
+    deadlock: bool,
+    deadlock_round: int | None,
+    rounds_played: int,
+    turns: list[dict],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Return the `reward` and `metrics` objects for one episode outcome."""
+    total_meals = sum(meals)
+    idle_name = IDLE_ACTION[protocol]
+    idle_turns = 0
+    null_turns = 0
+    for t in turns:
+        a = t["action"]
+        if a is None:
+            null_turns += 1
+        elif a == idle_name:
+            idle_turns += 1
+    all_turns = len(turns)
+    if spec.variant == "paper":
+        no_deadlock = 0.0 if deadlock else 1.0
+        acted = all_turns - null_turns
+        idle = idle_turns / acted if acted else 0.0
+    else:
+        no_deadlock = 1.0 if (not deadlock and total_meals >= spec.min_meals) else 0.0
+        idle = (idle_turns + null_turns) / all_turns if all_turns else 0.0
+    throughput = total_meals / (n * rounds)
+    mean = total_meals / n
+    fairness = sum((m - mean) ** 2 for m in meals) / n
+    total = spec.alpha * no_deadlock + spec.beta * throughput - spec.gamma * fairness - spec.delta * idle
+    reward = {
+        "variant": spec.variant,
+        "total": total,
+        "components": {
+            "no_deadlock": no_deadlock,
+            "throughput": throughput,
+            "fairness": fairness,
+            "idle": idle,
+        },
+        "weights": spec.weights,
+    }
+    if spec.variant == "shaped":
+        reward["min_meals"] = spec.min_meals
+    metrics = {
+        "throughput_per_round": total_meals / rounds_played if rounds_played else 0.0,
+        "gini_fairness": gini_fairness(meals),
+        "starvation": sum(1 for m in meals if m == 0),
+        "time_to_deadlock": deadlock_round,
+    }
+    return reward, metrics
+
+
+def gini_fairness(meals: list[int]) -> float:
+    """1 - normalised Gini coefficient of meals: 1.0 is perfectly even (and all-zero tables).
+
+    The Gini coefficient is normalised by its maximum for n people, (n-1)/n,
+    so one philosopher eating everything gives 0.0 at any table size.
+    """
+    n = len(meals)
+    total = sum(meals)
+    if n < 2 or total == 0:
+        return 1.0
+    ordered = sorted(meals)
+    # G = sum_i (2i - n - 1) x_i / (n * total), i = 1..n over sorted values.
+    g = sum((2 * k - n + 1) * x for k, x in enumerate(ordered)) / (n * total)
+    return 1.0 - g * n / (n - 1)

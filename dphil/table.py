@@ -1,0 +1,344 @@
+"""Dijkstra's table: forks, protocols, schedules, deadlock.
+
+Philosopher i's left fork is fork i and its right fork is fork (i+1) mod N.
+The table is pure Python and does no I/O; given the same actions and the same
+conflict resolution it always produces the same turns, which is what lets
+`dphil-score` replay a record to check it.
+
+Two protocols share one engine by mapping every action name to an internal
+opcode: `paper` (the study's six tools) and `dpbench` (DPBench's four actions
+with automatic eating and releasing).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+# Opcodes shared by both protocols.
+PICK_LEFT, PICK_RIGHT, PUT_LEFT, PUT_RIGHT, PUT_ALL, EAT, IDLE, NOOP = range(8)
+
+PROTOCOLS: dict[str, dict[str, int]] = {
+    "paper": {
+        "pick-up-left": PICK_LEFT,
+        "pick-up-right": PICK_RIGHT,
+        "put-down-left": PUT_LEFT,
+        "put-down-right": PUT_RIGHT,
+        "eat": EAT,
+        "think": IDLE,
+    },
+    "dpbench": {
+        "grab-left": PICK_LEFT,
+        "grab-right": PICK_RIGHT,
+        "release": PUT_ALL,
+        "wait": IDLE,
+    },
+}
+SCHEDULES = ("simultaneous", "sequential")
+CONFLICTS = ("random", "lowest-id")
+DEADLOCK_MODES = ("terminal", "continue")
+
+# Why an action did not take effect.
+HELD_BY_NEIGHBOUR = "held-by-neighbour"
+ALREADY_HELD = "already-held"
+NOT_HOLDING = "not-holding"
+NEEDS_BOTH_FORKS = "needs-both-forks"
+LOST_CONFLICT = "lost-conflict"
+NO_ACTION = "no-action"
+REASONS = (HELD_BY_NEIGHBOUR, ALREADY_HELD, NOT_HOLDING, NEEDS_BOTH_FORKS, LOST_CONFLICT, NO_ACTION)
+
+FREE = -1
+
+# A conflict resolver gets (round, fork, lower_id, higher_id) and returns the winner.
+Resolver = Callable[[int, int, int, int], int]
+
+
+def protocol_actions(protocol: str) -> tuple[str, ...]:
+    """The action names a protocol offers, in their canonical order."""
+    return tuple(PROTOCOLS[protocol])
+
+
+def idle_action(protocol: str) -> str:
+    """The protocol's explicit do-nothing action (`think` or `wait`)."""
+    return "think" if protocol == "paper" else "wait"
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What one philosopher can see when it chooses: the input of an agent's prompt."""
+
+    philosopher: int
+    n: int
+    round: int
+    rounds: int
+    protocol: str
+    holds_left: bool
+    holds_right: bool
+    left_free: bool
+    right_free: bool
+    meals: int
+    eating: bool
+    last_action: str | None
+    last_ok: bool | None
+    last_reason: str | None
+
+
+class Table:
+    """The state of one episode's table, advanced one round (or one turn) at a time.
+
+    `turns` collects one dict per action in the order the actions took effect;
+    `events` collects what the table did on its own (DPBench's automatic
+    eating and releasing, forced releases after a deadlock).
+    """
+
+    __slots__ = (
+        "_codes",
+        "_left_pattern",
+        "_resolve",
+        "_right_pattern",
+        "deadlock_mode",
+        "deadlock_rounds",
+        "eating",
+        "events",
+        "holder",
+        "last",
+        "meals",
+        "n",
+        "over",
+        "protocol",
+        "round",
+        "rounds",
+        "turns",
+    )
+
+    def __init__(
+        self,
+        n: int,
+        rounds: int,
+        *,
+        protocol: str = "paper",
+        deadlock_mode: str = "terminal",
+        resolve: Resolver | None = None,
+    ) -> None:
+        if n < 2:
+            raise ValueError("a table needs at least 2 philosophers")
+        if rounds < 1:
+            raise ValueError("an episode needs at least 1 round")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {protocol!r}")
+        if deadlock_mode not in DEADLOCK_MODES:
+            raise ValueError(f"unknown deadlock mode {deadlock_mode!r}")
+        self.n = n
+        self.rounds = rounds
+        self.protocol = protocol
+        self.deadlock_mode = deadlock_mode
+        self._codes = PROTOCOLS[protocol]
+        self._resolve = resolve or lowest_id
+        self.holder = [FREE] * n
+        self.meals = [0] * n
+        self.eating = [False] * n
+        self.last: list[dict | None] = [None] * n
+        self.turns: list[dict] = []
+        self.events: list[dict] = []
+        self.deadlock_rounds: list[int] = []
+        self.round = 1
+        self.over = False
+        self._left_pattern = list(range(n))
+        self._right_pattern = [(f - 1) % n for f in range(n)]
+
+    # -- what a philosopher sees -------------------------------------------------
+    def observe(self, i: int) -> Observation:
+        n = self.n
+        holder = self.holder
+        left, right = holder[i], holder[(i + 1) % n]
+        last = self.last[i]
+        return Observation(
+            philosopher=i,
+            n=n,
+            round=self.round,
+            rounds=self.rounds,
+            protocol=self.protocol,
+            holds_left=left == i,
+            holds_right=right == i,
+            left_free=left == FREE,
+            right_free=right == FREE,
+            meals=self.meals[i],
+            eating=self.eating[i],
+            last_action=last["action"] if last else None,
+            last_ok=last["ok"] if last else None,
+            last_reason=last["reason"] if last else None,
+        )
+
+    def code(self, action: str | None) -> int:
+        """The opcode of an action name; ValueError if the protocol has no such action."""
+        if action is None:
+            return NOOP
+        try:
+            return self._codes[action]
+        except KeyError:
+            raise ValueError(f"{action!r} is not a {self.protocol} action") from None
+
+    # -- one philosopher acting alone (sequential schedule) -----------------------
+    def act(self, i: int, action: str | None, extra: dict | None = None) -> dict:
+        """Apply one philosopher's action immediately and record the turn."""
+        ok, reason = self._apply(i, self.code(action))
+        return self._record(i, action, ok, reason, extra)
+
+    def _apply(self, i: int, code: int) -> tuple[bool, str | None]:
+        holder = self.holder
+        if code == IDLE:
+            return True, None
+        if code == NOOP:
+            return False, NO_ACTION
+        if code == PICK_LEFT or code == PICK_RIGHT:
+            f = i if code == PICK_LEFT else (i + 1) % self.n
+            h = holder[f]
+            if h == FREE:
+                holder[f] = i
+                return True, None
+            return False, (ALREADY_HELD if h == i else HELD_BY_NEIGHBOUR)
+        if code == PUT_LEFT or code == PUT_RIGHT:
+            f = i if code == PUT_LEFT else (i + 1) % self.n
+            if holder[f] == i:
+                holder[f] = FREE
+                return True, None
+            return False, NOT_HOLDING
+        if code == PUT_ALL:
+            r = (i + 1) % self.n
+            held = False
+            if holder[i] == i:
+                holder[i] = FREE
+                held = True
+            if holder[r] == i:
+                holder[r] = FREE
+                held = True
+            if held:
+                self.eating[i] = False
+                return True, None
+            return False, NOT_HOLDING
+        # EAT
+        if holder[i] == i and holder[(i + 1) % self.n] == i:
+            self.meals[i] += 1
+            return True, None
+        return False, NEEDS_BOTH_FORKS
+
+    def _record(self, i: int, action: str | None, ok: bool, reason: str | None, extra) -> dict:
+        turn = {"round": self.round, "philosopher": i, "action": action, "ok": ok, "reason": reason}
+        if extra:
+            turn.update(extra)
+        self.turns.append(turn)
+        self.last[i] = turn
+        return turn
+
+    # -- everyone at once (simultaneous schedule) --------------------------------
+    def play_simultaneous(
+        self, actions: Sequence[str | None], extras: Sequence[dict | None] | None = None
+    ) -> None:
+        """Play one round in which everyone chose from the same snapshot.
+
+        Releases apply first; pick-ups are then resolved against the table as
+        the releases left it, two neighbours reaching for the same free fork
+        being settled by the conflict resolver; eating, idling and no-ops
+        follow. Turns are recorded in that order.
+        """
+        n = self.n
+        if len(actions) != n:
+            raise ValueError(f"expected {n} actions, got {len(actions)}")
+        codes = [self.code(a) for a in actions]
+        ex = extras or [None] * n
+        picks: list[int] = []
+        rest: list[int] = []
+        for i in range(n):
+            c = codes[i]
+            if c == PUT_LEFT or c == PUT_RIGHT or c == PUT_ALL:
+                ok, reason = self._apply(i, c)
+                self._record(i, actions[i], ok, reason, ex[i])
+            elif c == PICK_LEFT or c == PICK_RIGHT:
+                picks.append(i)
+            else:
+                rest.append(i)
+        if picks:
+            holder = self.holder
+            # fork -> contenders, at most two (its left and right neighbours).
+            wants: dict[int, list[int]] = {}
+            for i in picks:
+                f = i if codes[i] == PICK_LEFT else (i + 1) % n
+                wants.setdefault(f, []).append(i)
+            losers: set[int] = set()
+            for f, who in wants.items():
+                if len(who) == 2 and holder[f] == FREE:
+                    a, b = (who[0], who[1]) if who[0] < who[1] else (who[1], who[0])
+                    winner = self._resolve(self.round, f, a, b)
+                    losers.add(b if winner == a else a)
+            for i in picks:
+                if i in losers:
+                    self._record(i, actions[i], False, LOST_CONFLICT, ex[i])
+                else:
+                    ok, reason = self._apply(i, codes[i])
+                    self._record(i, actions[i], ok, reason, ex[i])
+        for i in rest:
+            ok, reason = self._apply(i, codes[i])
+            self._record(i, actions[i], ok, reason, ex[i])
+        self.end_round()
+
+    # -- the end of every round ---------------------------------------------------
+    def end_round(self) -> bool:
+        """Apply the protocol's automatic effects, check for deadlock, advance the round.
+
+        Returns True when the table deadlocked this round.
+        """
+        r = self.round
+        holder = self.holder
+        if self.protocol == "dpbench":
+            n = self.n
+            eating = self.eating
+            for i in range(n):
+                if eating[i]:
+                    eating[i] = False
+                    if holder[i] == i:
+                        holder[i] = FREE
+                    if holder[(i + 1) % n] == i:
+                        holder[(i + 1) % n] = FREE
+                    self.events.append({"round": r, "philosopher": i, "event": "auto-release"})
+            for i in range(n):
+                if holder[i] == i and holder[(i + 1) % n] == i:
+                    self.meals[i] += 1
+                    eating[i] = True
+                    self.events.append({"round": r, "philosopher": i, "event": "auto-eat"})
+        deadlock = holder == self._left_pattern or holder == self._right_pattern
+        if deadlock:
+            self.deadlock_rounds.append(r)
+            if self.deadlock_mode == "terminal":
+                self.over = True
+            elif self.protocol == "dpbench":
+                for f in range(self.n):
+                    holder[f] = FREE
+                self.events.append({"round": r, "philosopher": None, "event": "force-release"})
+        if r >= self.rounds:
+            self.over = True
+        if not self.over:
+            self.round = r + 1
+        return deadlock
+
+    @property
+    def rounds_played(self) -> int:
+        return self.round
+
+    def holds(self, i: int) -> int:
+        """How many forks philosopher i holds."""
+        return (self.holder[i] == i) + (self.holder[(i + 1) % self.n] == i)
+
+
+def lowest_id(_round: int, _fork: int, a: int, b: int) -> int:
+    """DPBench's rule: the lower philosopher id wins a contested fork."""
+    return a
+
+
+def random_resolver(rng: random.Random) -> Resolver:
+    """A seeded coin flip per conflict."""
+
+    def resolve(_round: int, _fork: int, a: int, b: int) -> int:
+        return a if rng.random() < 0.5 else b
+
+    return resolve
