@@ -1,0 +1,1 @@
+"""The dphil command-line commands: one thin click module each."""
