@@ -68,3 +68,7 @@ def main(inputs, variant, shaped, alpha, beta, gamma, delta, min_meals, trust_ou
         return 0
 
     return execute("dphil-score", quiet, body)
+
+
+if __name__ == "__main__":
+    main()

@@ -24,7 +24,7 @@ _POLICY_STREAM = 0x5EED_0F_D1
 def new_table(config: EpisodeConfig, resolve: Resolver | None = None) -> Table:
     """A fresh table for `config`, with its seeded conflict resolver."""
     if resolve is None:
-        resolve = lowest_id if config.conflict == "lowest-id" else _lazy_random(config.seed)
+        resolve = lowest_id if config.conflict == "lowest-id" else random_resolver(config.seed)
     return Table(
         config.n,
         config.rounds,
@@ -34,22 +34,11 @@ def new_table(config: EpisodeConfig, resolve: Resolver | None = None) -> Table:
     )
 
 
-def _lazy_random(seed: int) -> Resolver:
-    """A seeded coin for conflicts, created on the first conflict only (most rounds have none)."""
-    coin: list[Resolver] = []
-
-    def resolve(rnd: int, fork: int, a: int, b: int) -> int:
-        if not coin:
-            coin.append(random_resolver(random.Random(seed)))
-        return coin[0](rnd, fork, a, b)
-
-    return resolve
-
-
 def play(config: EpisodeConfig, policy: Policy) -> dict[str, Any]:
     """Play one whole episode with a scripted policy and return its record."""
     table = new_table(config)
-    rng = random.Random(config.seed ^ _POLICY_STREAM)
+    # Seeding a generator costs more than a whole round, so only policies that draw get one.
+    rng = random.Random(config.seed ^ _POLICY_STREAM) if getattr(policy, "uses_rng", False) else None
     n = config.n
     philosophers = range(n)
     if config.schedule == "simultaneous":
@@ -67,102 +56,135 @@ def play(config: EpisodeConfig, policy: Policy) -> dict[str, Any]:
 class Outcome:
     """What replaying a record's turns produced."""
 
-    meals: list[int]
+    meals: tuple[int, ...]
     deadlock: bool
     deadlock_round: int | None
     rounds_played: int
-    turns: list[dict]
+
+
+_CACHE_SIZE = 65536
+_cache: dict[tuple, Outcome] = {}
 
 
 def replay(record: dict[str, Any]) -> Outcome:
+    """Replay a record's turns and check them; memoised on everything the outcome depends on.
+
+    Replay is a pure function of the table configuration and the recorded
+    turns, and scripted or degenerate runs repeat the same turn sequences many
+    times, so identical episodes are checked once. The key holds every field
+    the check reads (types included, so `ok: 1` never passes for `ok: true`).
+    """
+    try:
+        key = (
+            record["n"], record["rounds"], record["protocol"], record["schedule"],
+            record.get("conflict"), record.get("deadlock_mode", "terminal"),
+            *[(t["round"], t["philosopher"], t["action"], t["ok"], type(t["ok"]), t["reason"])
+              for t in record["turns"]],
+        )
+        cached = _cache.get(key)
+    except (KeyError, TypeError):  # malformed turns: let the full replay say exactly what is wrong
+        return _replay(record)
+    if cached is None:
+        cached = _replay(record)
+        if len(_cache) >= _CACHE_SIZE:
+            _cache.clear()
+        _cache[key] = cached
+    return cached
+
+
+def _replay(record: dict[str, Any]) -> Outcome:
     """Replay a record's turns through the table and check they are what the table does.
 
-    Contested forks under `conflict: random` are given to whichever contender
-    the record says won; everything else (failures, meals, deadlock) must
-    follow from the rules. Raises DataError on the first disagreement.
+    Every round must hold exactly one turn per philosopher, in the order the
+    table applies them. Contested forks under `conflict: random` are given to
+    whichever contender the record says won; everything else (failures,
+    meals, deadlock, when the episode ends) must follow from the rules.
+    Raises DataError on the first disagreement.
     """
     n, rounds = record["n"], record["rounds"]
-    protocol, schedule = record["protocol"], record["schedule"]
     turns = record["turns"]
-    by_round: dict[int, dict[int, dict]] = {}
-    for k, t in enumerate(turns):
-        if not isinstance(t, dict):
-            raise DataError(f"turns[{k}] should be an object")
-        try:
-            r, i = t["round"], t["philosopher"]
-            t["action"], t["ok"], t["reason"]  # noqa: B018 - presence check
-        except KeyError as e:
-            raise DataError(f"turns[{k}] is missing field {e.args[0]!r}") from None
-        if type(r) is not int or type(i) is not int or not (0 <= i < n) or not (1 <= r <= rounds):
-            raise DataError(f"turns[{k}] has round {r!r} / philosopher {i!r} outside the table")
-        seat = by_round.setdefault(r, {})
-        if i in seat:
-            raise DataError(f"philosopher {i} acts twice in round {r}")
-        seat[i] = t
+    chunk: list = []
 
     if record.get("conflict") == "lowest-id":
         resolve: Resolver = lowest_id
     else:
         def resolve(rnd: int, fork: int, a: int, b: int) -> int:
-            seat = by_round[rnd]
-            a_won, b_won = seat[a]["ok"], seat[b]["ok"]
-            if a_won == b_won:
+            won = {t["philosopher"]: t["ok"] for t in chunk}
+            if won.get(a) == won.get(b):
                 raise DataError(
                     f"round {rnd}: philosophers {a} and {b} both reached for fork {fork} "
                     "but the record does not say exactly one of them got it"
                 )
-            return a if a_won else b
+            return a if won.get(a) else b
 
     try:
-        table = Table(n, rounds, protocol=protocol, deadlock_mode=record.get("deadlock_mode", "terminal"),
-                      resolve=resolve)
+        table = Table(n, rounds, protocol=record["protocol"],
+                      deadlock_mode=record.get("deadlock_mode", "terminal"), resolve=resolve)
     except ValueError as e:
         raise DataError(str(e)) from None
-    played = len(by_round)
-    if sorted(by_round) != list(range(1, played + 1)):
-        raise DataError(f"rounds recorded are not 1..{played}: {sorted(by_round)}")
-    for r in range(1, played + 1):
+    simultaneous = record["schedule"] == "simultaneous"
+    total = len(turns)
+    k = 0
+    while k < total:
+        r = table.round
         if table.over:
-            raise DataError(f"the episode ended at round {table.round} but turns continue to round {played}")
-        seat = by_round[r]
-        if len(seat) != n:
-            missing = sorted(set(range(n)) - set(seat))
+            raise DataError(f"the episode ended at round {r} but turns[{k}] continues it")
+        chunk = turns[k:k + n]
+        actions: list = [None] * n
+        seen = 0
+        for j, t in enumerate(chunk, k):
+            try:
+                i = t["philosopher"]
+                if t["round"] != r:
+                    raise DataError(f"turns[{j}] is in round {t['round']!r}; expected round {r} "
+                                    f"(each round has one turn per philosopher)")
+                if not 0 <= i < n or type(i) is not int:
+                    raise DataError(f"turns[{j}] has philosopher {i!r} outside the table of {n}")
+                actions[i] = t["action"]
+            except KeyError as e:
+                raise DataError(f"turns[{j}] is missing field {e.args[0]!r}") from None
+            except TypeError:
+                raise DataError(f"turns[{j}] should be an object with integer round and philosopher") from None
+            if seen >> i & 1:
+                raise DataError(f"philosopher {i} acts twice in round {r}")
+            seen |= 1 << i
+        if len(chunk) < n:
+            missing = [i for i in range(n) if not seen >> i & 1]
             raise DataError(f"round {r}: no turn for philosopher(s) {missing}")
         try:
-            if schedule == "simultaneous":
-                table.play_simultaneous([seat[i]["action"] for i in range(n)])
+            if simultaneous:
+                results = table.resolve_round(table.codes_of(actions))
             else:
-                for i in range(n):
-                    table.act(i, seat[i]["action"])
-                table.end_round()
+                results = [(i, *table.apply_code(i, code)) for i, code in enumerate(table.codes_of(actions))]
         except ValueError as e:
             raise DataError(f"round {r}: {e}") from None
-    if played and not table.over:
-        raise DataError(f"the record stops after round {played} of {rounds} with no deadlock to end it")
-    for k, (got, want) in enumerate(zip(table.turns, turns, strict=True)):
-        if (
-            got["round"] != want["round"]
-            or got["philosopher"] != want["philosopher"]
-            or got["action"] != want["action"]
-            or got["ok"] is not want["ok"]
-            or got["reason"] != want["reason"]
-        ):
-            raise DataError(
-                f"turns[{k}] disagrees with the table: recorded {_turn_text(want)}, "
-                f"replay gives {_turn_text(got)}"
-            )
+        for j, (want, (i, ok, reason)) in enumerate(zip(chunk, results), k):
+            try:
+                same = want["philosopher"] == i and want["ok"] is ok and want["reason"] == reason
+            except KeyError as e:
+                raise DataError(f"turns[{j}] is missing field {e.args[0]!r}") from None
+            if not same:
+                got = {"round": r, "philosopher": i, "action": actions[i], "ok": ok, "reason": reason}
+                raise DataError(
+                    f"turns[{j}] disagrees with the table: recorded {_turn_text(want)}, "
+                    f"replay gives {_turn_text(got)}"
+                )
+        table.end_round()
+        k += n
+    if total and not table.over:
+        raise DataError(f"the record stops after round {table.round - 1} of {rounds} with no deadlock "
+                        "to end it")
     dl = table.deadlock_rounds
     return Outcome(
-        meals=table.meals,
+        meals=tuple(table.meals),
         deadlock=bool(dl),
         deadlock_round=dl[0] if dl else None,
-        rounds_played=table.round if played else 0,
-        turns=table.turns,
+        rounds_played=table.round if total else 0,
     )
 
 
 def _turn_text(t: dict) -> str:
     return (
-        f"round {t['round']} philosopher {t['philosopher']} {t['action'] or 'null'} "
-        f"ok={t['ok']} reason={t['reason']}"
+        f"round {t.get('round')} philosopher {t.get('philosopher')} {t.get('action') or 'null'} "
+        f"ok={t.get('ok')} reason={t.get('reason')}"
     )

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from .table import FREE, Table, protocol_actions
 
-Policy = Callable[[Table, int, random.Random], "str | None"]
+Policy = Callable[[Table, int, "random.Random | None"], "str | None"]
 
 
 def _ate_last(table: Table, i: int) -> bool:
@@ -29,10 +29,13 @@ def _side(i: int, fork: int) -> str:
     return "left" if fork == i else "right"
 
 
-def random_policy(table: Table, i: int, rng: random.Random) -> str | None:
+def random_policy(table: Table, i: int, rng: random.Random | None) -> str | None:
     """Uniform over the protocol's actions."""
     actions = protocol_actions(table.protocol)
     return actions[int(rng.random() * len(actions))]
+
+
+random_policy.uses_rng = True  # type: ignore[attr-defined]
 
 
 def naive(table: Table, i: int, rng: random.Random) -> str | None:
@@ -95,19 +98,32 @@ def thinker(table: Table, i: int, rng: random.Random) -> str | None:
     return "think" if table.protocol == "paper" else "wait"
 
 
-def greedy(table: Table, i: int, rng: random.Random) -> str | None:
-    """Grabs any free fork and, once it has both, keeps eating and never lets go."""
+def greedy(table: Table, i: int, rng: random.Random | None) -> str | None:
+    """Grabs a free fork (a coin decides when both are free) and, once it has both, eats forever.
+
+    It never puts a fork down, so a greedy table either deadlocks or lets a
+    few philosophers eat while their neighbours starve: the fairness penalty's
+    test case.
+    """
     holder = table.holder
     right = (i + 1) % table.n
     hl, hr = holder[i] == i, holder[right] == i
     paper = table.protocol == "paper"
     if hl and hr:
         return "eat" if paper else "wait"
-    if not hl and holder[i] == FREE:
+    can_left = not hl and holder[i] == FREE
+    can_right = not hr and holder[right] == FREE
+    if can_left and can_right:
+        can_left = rng.random() < 0.5  # type: ignore[union-attr]
+        can_right = not can_left
+    if can_left:
         return "pick-up-left" if paper else "grab-left"
-    if not hr and holder[right] == FREE:
+    if can_right:
         return "pick-up-right" if paper else "grab-right"
     return "think" if paper else "wait"
+
+
+greedy.uses_rng = True  # type: ignore[attr-defined]
 
 
 POLICIES: dict[str, Policy] = {

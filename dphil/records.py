@@ -8,9 +8,11 @@ contract for outside tools; the tests validate `samples/` against them.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
+
+import orjson
 
 from . import __version__
 from .errors import DataError
@@ -55,11 +57,16 @@ class EpisodeConfig:
         if self.rounds < 1:
             raise ValueError(f"rounds must be at least 1, got {self.rounds}")
 
-    @property
+    @cached_property
     def episode_id(self) -> str:
-        return episode_id(
-            {**{k: getattr(self, k) for k in IDENTITY_FIELDS}, **self.variant}
-        )
+        return episode_id(self.identity())
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "n": self.n, "rounds": self.rounds, "seed": self.seed,
+            "protocol": self.protocol, "schedule": self.schedule, "conflict": self.conflict,
+            "deadlock_mode": self.deadlock_mode, **self.variant,
+        }
 
     def header(self) -> dict[str, Any]:
         """The leading fields of the record, in contract order."""
@@ -81,8 +88,7 @@ class EpisodeConfig:
 
 def episode_id(identity: dict[str, Any]) -> str:
     """A stable 16-hex-digit id: a hash of the identity fields, independent of key order."""
-    blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return hashlib.blake2b(orjson.dumps(identity, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()
 
 
 def episode_record(

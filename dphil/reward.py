@@ -10,6 +10,7 @@ null actions as idle, so doing nothing scores -delta.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,16 +59,10 @@ def score(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Return the `reward` and `metrics` objects for one episode outcome."""
     total_meals = sum(meals)
-    idle_name = IDLE_ACTION[protocol]
-    idle_turns = 0
-    null_turns = 0
-    for t in turns:
-        a = t["action"]
-        if a is None:
-            null_turns += 1
-        elif a == idle_name:
-            idle_turns += 1
-    all_turns = len(turns)
+    actions = [t["action"] for t in turns]
+    null_turns = actions.count(None)
+    idle_turns = actions.count(IDLE_ACTION[protocol])
+    all_turns = len(actions)
     if spec.variant == "paper":
         no_deadlock = 0.0 if deadlock else 1.0
         acted = all_turns - null_turns
@@ -76,8 +71,7 @@ def score(
         no_deadlock = 1.0 if (not deadlock and total_meals >= spec.min_meals) else 0.0
         idle = (idle_turns + null_turns) / all_turns if all_turns else 0.0
     throughput = total_meals / (n * rounds)
-    mean = total_meals / n
-    fairness = sum((m - mean) ** 2 for m in meals) / n
+    fairness = variance(meals)
     total = spec.alpha * no_deadlock + spec.beta * throughput - spec.gamma * fairness - spec.delta * idle
     reward = {
         "variant": spec.variant,
@@ -95,10 +89,17 @@ def score(
     metrics = {
         "throughput_per_round": total_meals / rounds_played if rounds_played else 0.0,
         "gini_fairness": gini_fairness(meals),
-        "starvation": sum(1 for m in meals if m == 0),
+        "starvation": meals.count(0),
         "time_to_deadlock": deadlock_round,
     }
     return reward, metrics
+
+
+def variance(meals: list[int]) -> float:
+    """Population variance (ddof 0) of integer meal counts, computed exactly in integers."""
+    n = len(meals)
+    total = sum(meals)
+    return (n * sum(map(operator.mul, meals, meals)) - total * total) / (n * n)
 
 
 def gini_fairness(meals: list[int]) -> float:

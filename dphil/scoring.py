@@ -31,7 +31,7 @@ def score_record(record: dict[str, Any], spec: RewardSpec, *, trust_outcome: boo
         if not record["turns"]:
             raise DataError("a complete episode has no turns")
         outcome = replay(record)
-        meals, deadlock = outcome.meals, outcome.deadlock
+        meals, deadlock = list(outcome.meals), outcome.deadlock
         deadlock_round, rounds_played = outcome.deadlock_round, outcome.rounds_played
         _agree(record, "meals", meals)
         _agree(record, "deadlock", deadlock)

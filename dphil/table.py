@@ -12,7 +12,6 @@ with automatic eating and releasing).
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -54,9 +53,12 @@ FREE = -1
 Resolver = Callable[[int, int, int, int], int]
 
 
+_ACTIONS = {name: tuple(codes) for name, codes in PROTOCOLS.items()}
+
+
 def protocol_actions(protocol: str) -> tuple[str, ...]:
     """The action names a protocol offers, in their canonical order."""
-    return tuple(PROTOCOLS[protocol])
+    return _ACTIONS[protocol]
 
 
 def idle_action(protocol: str) -> str:
@@ -182,10 +184,10 @@ class Table:
     # -- one philosopher acting alone (sequential schedule) -----------------------
     def act(self, i: int, action: str | None, extra: dict | None = None) -> dict:
         """Apply one philosopher's action immediately and record the turn."""
-        ok, reason = self._apply(i, self.code(action))
+        ok, reason = self.apply_code(i, self.code(action))
         return self._record(i, action, ok, reason, extra)
 
-    def _apply(self, i: int, code: int) -> tuple[bool, str | None]:
+    def apply_code(self, i: int, code: int) -> tuple[bool, str | None]:
         holder = self.holder
         if code == IDLE:
             return True, None
@@ -232,54 +234,78 @@ class Table:
         return turn
 
     # -- everyone at once (simultaneous schedule) --------------------------------
-    def play_simultaneous(
-        self, actions: Sequence[str | None], extras: Sequence[dict | None] | None = None
-    ) -> None:
-        """Play one round in which everyone chose from the same snapshot.
+    def codes_of(self, actions: Sequence[str | None]) -> list[int]:
+        """Opcodes for one round's actions; ValueError names an action the protocol lacks."""
+        table = self._codes
+        try:
+            return [NOOP if a is None else table[a] for a in actions]
+        except (KeyError, TypeError):
+            bad = next(a for a in actions if a is not None and a not in table)
+            raise ValueError(f"{bad!r} is not a {self.protocol} action") from None
+
+    def resolve_round(self, codes: list[int]) -> list[tuple[int, bool, str | None]]:
+        """Apply one simultaneous round to the forks; return (philosopher, ok, reason) in effect order.
 
         Releases apply first; pick-ups are then resolved against the table as
         the releases left it, two neighbours reaching for the same free fork
         being settled by the conflict resolver; eating, idling and no-ops
-        follow. Turns are recorded in that order.
+        follow. Does not record turns or end the round (see play_simultaneous).
         """
         n = self.n
-        if len(actions) != n:
-            raise ValueError(f"expected {n} actions, got {len(actions)}")
-        codes = [self.code(a) for a in actions]
-        ex = extras or [None] * n
+        if len(codes) != n:
+            raise ValueError(f"expected {n} actions, got {len(codes)}")
+        apply = self.apply_code
+        results: list[tuple[int, bool, str | None]] = []
         picks: list[int] = []
         rest: list[int] = []
         for i in range(n):
             c = codes[i]
-            if c == PUT_LEFT or c == PUT_RIGHT or c == PUT_ALL:
-                ok, reason = self._apply(i, c)
-                self._record(i, actions[i], ok, reason, ex[i])
-            elif c == PICK_LEFT or c == PICK_RIGHT:
+            if c <= PICK_RIGHT:
                 picks.append(i)
+            elif c <= PUT_ALL:
+                results.append((i, *apply(i, c)))
             else:
                 rest.append(i)
         if picks:
             holder = self.holder
-            # fork -> contenders, at most two (its left and right neighbours).
-            wants: dict[int, list[int]] = {}
-            for i in picks:
-                f = i if codes[i] == PICK_LEFT else (i + 1) % n
-                wants.setdefault(f, []).append(i)
             losers: set[int] = set()
-            for f, who in wants.items():
-                if len(who) == 2 and holder[f] == FREE:
-                    a, b = (who[0], who[1]) if who[0] < who[1] else (who[1], who[0])
-                    winner = self._resolve(self.round, f, a, b)
-                    losers.add(b if winner == a else a)
+            for i in picks:
+                # Fork f is contested when its right-hand user i reaches right and its
+                # left-hand user f reaches left while it lies free.
+                if codes[i] == PICK_RIGHT:
+                    f = i + 1 if i + 1 < n else 0
+                    if codes[f] == PICK_LEFT and holder[f] == FREE:
+                        a, b = (i, f) if i < f else (f, i)
+                        losers.add(b if self._resolve(self.round, f, a, b) == a else a)
             for i in picks:
                 if i in losers:
-                    self._record(i, actions[i], False, LOST_CONFLICT, ex[i])
+                    results.append((i, False, LOST_CONFLICT))
                 else:
-                    ok, reason = self._apply(i, codes[i])
-                    self._record(i, actions[i], ok, reason, ex[i])
+                    results.append((i, *apply(i, codes[i])))
         for i in rest:
-            ok, reason = self._apply(i, codes[i])
-            self._record(i, actions[i], ok, reason, ex[i])
+            c = codes[i]
+            if c == IDLE:
+                results.append((i, True, None))
+            elif c == NOOP:
+                results.append((i, False, NO_ACTION))
+            else:
+                results.append((i, *apply(i, c)))
+        return results
+
+    def play_simultaneous(
+        self, actions: Sequence[str | None], extras: Sequence[dict | None] | None = None
+    ) -> None:
+        """Play one round in which everyone chose from the same snapshot, and record its turns."""
+        results = self.resolve_round(self.codes_of(actions))
+        r = self.round
+        turns = self.turns
+        last = self.last
+        for i, ok, reason in results:
+            turn = {"round": r, "philosopher": i, "action": actions[i], "ok": ok, "reason": reason}
+            if extras is not None and extras[i]:
+                turn.update(extras[i])
+            turns.append(turn)
+            last[i] = turn
         self.end_round()
 
     # -- the end of every round ---------------------------------------------------
@@ -335,10 +361,27 @@ def lowest_id(_round: int, _fork: int, a: int, b: int) -> int:
     return a
 
 
-def random_resolver(rng: random.Random) -> Resolver:
-    """A seeded coin flip per conflict."""
+def random_resolver(seed: int) -> Resolver:
+    """A fair coin per conflict, fixed by (seed, round, fork).
 
-    def resolve(_round: int, _fork: int, a: int, b: int) -> int:
-        return a if rng.random() < 0.5 else b
+    A counter-based hash (SplitMix64) instead of a stateful generator: each
+    conflict's outcome depends only on where it happens, costs no generator
+    set-up for the many episodes without conflicts, and can be recomputed
+    independently of how many conflicts came before.
+    """
+
+    def resolve(rnd: int, fork: int, a: int, b: int) -> int:
+        return a if coin(seed, rnd, fork) else b
 
     return resolve
+
+
+_MASK = (1 << 64) - 1
+
+
+def coin(seed: int, rnd: int, fork: int) -> bool:
+    """SplitMix64 of the conflict's coordinates; True with probability 1/2."""
+    z = (seed * 0x9E3779B97F4A7C15 + rnd * 0xBF58476D1CE4E5B9 + fork * 0x94D049BB133111EB) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return not (z ^ (z >> 31)) & 1

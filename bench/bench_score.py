@@ -1,0 +1,84 @@
+"""dphil-score throughput against the floor of any Python JSONL filter.
+
+Generates 100,000 scripted episodes (a mix of policies, so deadlocks, conflicts
+and full episodes all occur), then times
+  (a) a bare orjson loads + dumps pass over the file, and
+  (b) the dphil-score pipeline (read, validate, replay, score, write),
+both in-process on one core, reading and writing real files.
+Target (issue 2): (b) at least half the throughput of (a).
+Run: python bench/bench_score.py [--episodes N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import orjson
+
+from dphil.episode import play
+from dphil.jsonl import RecordReader, RecordWriter, dumps
+from dphil.policies import get_policy
+from dphil.records import EpisodeConfig
+from dphil.reward import RewardSpec
+from dphil.scoring import score_record
+
+POLICIES = ("hierarchy", "random", "naive", "greedy", "thinker")
+
+
+def make_file(path: str, episodes: int) -> None:
+    with open(path, "wb") as fh:
+        for k in range(episodes):
+            name = POLICIES[k % len(POLICIES)]
+            config = EpisodeConfig(model=f"scripted:{name}", n=5, rounds=5, seed=k)
+            fh.write(dumps(play(config, get_policy(name))))
+
+
+def bare(src: str, dst: str) -> float:
+    start = time.perf_counter()
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        loads, dump = orjson.loads, orjson.dumps
+        for line in fin:
+            fout.write(dump(loads(line)) + b"\n")
+    return time.perf_counter() - start
+
+
+def dphil_score(src: str, dst: str) -> float:
+    spec = RewardSpec(variant="shaped")
+    start = time.perf_counter()
+    reader = RecordReader([src])
+    with RecordWriter(dst) as writer:
+        for record in reader:
+            writer.write(score_record(record, spec))
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--episodes", type=int, default=100_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "episodes.jsonl")
+        make_file(src, args.episodes)
+        size = os.path.getsize(src) / 1e6
+        t_bare = min(bare(src, os.path.join(tmp, "bare.jsonl")) for _ in range(2))
+        t_score = min(dphil_score(src, os.path.join(tmp, "scored.jsonl")) for _ in range(2))
+        # The same work through the installed command and a real pipe, for the record.
+        start = time.perf_counter()
+        with open(src, "rb") as fin, open(os.devnull, "wb") as fout:
+            subprocess.run([sys.executable, "-m", "dphil.commands.score", "--shaped"], stdin=fin,
+                           stdout=fout, check=True)
+        t_cli = time.perf_counter() - start
+    n = args.episodes
+    print(f"file: {n:,} episodes, {size:.1f} MB")
+    print(f"bare orjson loads+dumps : {n / t_bare:10,.0f} records/s")
+    print(f"dphil-score (in-process): {n / t_score:10,.0f} records/s   ratio {t_bare / t_score:.2f}")
+    print(f"dphil-score (CLI, pipe) : {n / t_cli:10,.0f} records/s   ratio {t_bare / t_cli:.2f}")
+
+
+if __name__ == "__main__":
+    main()
