@@ -84,5 +84,5 @@ def on_error_option(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def inputs_argument(f: Callable[..., Any]) -> Callable[..., Any]:
-    return click.argument("inputs", nargs=-1, metavar="[FILE]...", type=click.Path(dir_okay=False,
-                          allow_dash=True, path_type=str))(f)
+    # Plain strings: missing files and directories are reported by the reader with exit 66.
+    return click.argument("inputs", nargs=-1, metavar="[FILE]...")(f)

@@ -158,7 +158,7 @@ def _replay(record: dict[str, Any]) -> Outcome:
                 results = [(i, *table.apply_code(i, code)) for i, code in enumerate(table.codes_of(actions))]
         except ValueError as e:
             raise DataError(f"round {r}: {e}") from None
-        for j, (want, (i, ok, reason)) in enumerate(zip(chunk, results), k):
+        for j, (want, (i, ok, reason)) in enumerate(zip(chunk, results, strict=True), k):
             try:
                 same = want["philosopher"] == i and want["ok"] is ok and want["reason"] == reason
             except KeyError as e:

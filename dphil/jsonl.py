@@ -115,7 +115,7 @@ class RecordReader:
                         line = line[3:]
                     if len(line) > MAX_LINE:
                         self._skip_rest(readline, line)
-                        self._fail(DataError(f"line longer than {MAX_LINE // (1024 * 1024)} MiB"))
+                        self._fail(DataError(f"line longer than {_size(MAX_LINE)}"))
                         continue
                     try:
                         record = loads(line)
@@ -165,6 +165,19 @@ def _json_type(value: Any) -> str:
             type(None): "null"}.get(type(value), type(value).__name__)
 
 
+def _size(nbytes: int) -> str:
+    if nbytes >= 1 << 20:
+        return f"{nbytes / (1 << 20):g} MiB"
+    return f"{nbytes} bytes"
+
+
+def _fileno(stream) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -197,8 +210,10 @@ class RecordWriter:
         self.broken_pipe = False
         if path is None or path == "-":
             self.path = None
-            self._fd = stdout_fd if stdout_fd is not None else sys.stdout.fileno()
             self._stream = True
+            self._fd = stdout_fd if stdout_fd is not None else _fileno(sys.stdout)
+            if self._fd is None:  # stdout replaced by an in-memory stream (tests, notebooks)
+                self._buffer = getattr(sys.stdout, "buffer", sys.stdout)
             return
         self._stream = False
         directory = os.path.dirname(os.path.abspath(path)) or "."
@@ -234,6 +249,10 @@ class RecordWriter:
         self._last_flush = time.monotonic()
         view = memoryview(data)
         try:
+            if self._fd is None:
+                self._buffer.write(data)
+                self._buffer.flush()
+                return
             while view:
                 written = os.write(self._fd, view)
                 view = view[written:]

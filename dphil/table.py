@@ -193,14 +193,14 @@ class Table:
             return True, None
         if code == NOOP:
             return False, NO_ACTION
-        if code == PICK_LEFT or code == PICK_RIGHT:
+        if code in (PICK_LEFT, PICK_RIGHT):
             f = i if code == PICK_LEFT else (i + 1) % self.n
             h = holder[f]
             if h == FREE:
                 holder[f] = i
                 return True, None
             return False, (ALREADY_HELD if h == i else HELD_BY_NEIGHBOUR)
-        if code == PUT_LEFT or code == PUT_RIGHT:
+        if code in (PUT_LEFT, PUT_RIGHT):
             f = i if code == PUT_LEFT else (i + 1) % self.n
             if holder[f] == i:
                 holder[f] = FREE
