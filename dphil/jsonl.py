@@ -195,11 +195,15 @@ class RecordWriter:
     mode `atomic` (the default for `-o FILE`): write to a temporary file next to
     FILE and rename it over FILE in `close(success=True)`; on failure FILE is left
     as it was. mode `append`: append whole lines to FILE and fsync on close, for
-    journals that a later run resumes.
+    journals that a later run resumes. `line_buffered` writes every line through
+    at once (slow episodes from models); otherwise lines are batched, and stdout
+    is flushed at the first write FLUSH_SECONDS after the last flush.
     """
 
-    def __init__(self, path: str | None = None, *, mode: str = "atomic", stdout_fd: int | None = None) -> None:
+    def __init__(self, path: str | None = None, *, mode: str = "atomic", stdout_fd: int | None = None,
+                 line_buffered: bool = False) -> None:
         self.path = path
+        self.line_buffered = line_buffered
         self.mode = mode
         self.count = 0
         self._chunks: list[bytes] = []
@@ -235,7 +239,7 @@ class RecordWriter:
         self._chunks.append(line)
         self._size += len(line)
         self.count += 1
-        if self._size >= _BUFFER_BYTES or (
+        if self.line_buffered or self._size >= _BUFFER_BYTES or (
             self._stream and time.monotonic() - self._last_flush >= FLUSH_SECONDS
         ):
             self.flush()
