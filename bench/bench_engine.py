@@ -20,11 +20,10 @@ def rate(policy_name: str, n: int, rounds: int, episodes: int, schedule: str = "
     policy = get_policy(policy_name)
     fd = os.open(os.devnull, os.O_WRONLY)
     chunks: list[bytes] = []
+    cell = EpisodeConfig(model=f"scripted:{policy_name}", n=n, rounds=rounds, schedule=schedule)
     start = time.perf_counter()
     for seed in range(episodes):
-        config = EpisodeConfig(model=f"scripted:{policy_name}", n=n, rounds=rounds, seed=seed,
-                               schedule=schedule)
-        chunks.append(dumps(play(config, policy)))
+        chunks.append(dumps(play(cell.with_seed(seed), policy)))
         if len(chunks) >= 256:
             os.write(fd, b"".join(chunks))
             chunks.clear()

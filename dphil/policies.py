@@ -15,7 +15,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from .table import FREE, Table, protocol_actions
+from .table import FREE, PROTOCOLS, Table
+
+_ACTIONS = {name: tuple(actions) for name, actions in PROTOCOLS.items()}
 
 Policy = Callable[[Table, int, "random.Random | None"], "str | None"]
 
@@ -25,14 +27,10 @@ def _ate_last(table: Table, i: int) -> bool:
     return last is not None and last["action"] == "eat" and last["ok"]
 
 
-def _side(i: int, fork: int) -> str:
-    return "left" if fork == i else "right"
-
-
 def random_policy(table: Table, i: int, rng: random.Random | None) -> str | None:
     """Uniform over the protocol's actions."""
-    actions = protocol_actions(table.protocol)
-    return actions[int(rng.random() * len(actions))]
+    actions = _ACTIONS[table.protocol]
+    return actions[int(rng.random() * len(actions))]  # type: ignore[union-attr]
 
 
 random_policy.uses_rng = True  # type: ignore[attr-defined]
@@ -68,24 +66,37 @@ def hierarchy(table: Table, i: int, rng: random.Random) -> str | None:
     everyone holds one fork: no deadlock, in either schedule.
     """
     holder = table.holder
-    right = (i + 1) % table.n
-    lo, hi = (i, right) if i < right else (right, i)
+    right = i + 1 if i + 1 < table.n else 0
+    paper = table.protocol == "paper"
+    if i < right:  # the lower fork is the left one
+        lo, hi = i, right
+        take_lo, take_hi, drop_hi = _LEFT_FIRST[paper]
+    else:  # the last philosopher: fork 0, its right one, is the lower
+        lo, hi = right, i
+        take_lo, take_hi, drop_hi = _RIGHT_FIRST[paper]
     h_lo, h_hi = holder[lo] == i, holder[hi] == i
-    if table.protocol == "dpbench":
+    if not paper:
         if h_lo and h_hi:
             return "wait"  # eating; the table releases both forks after this round
         if h_hi:
             return "release"
         if h_lo:
-            return f"grab-{_side(i, hi)}" if holder[hi] == FREE else "wait"
-        return f"grab-{_side(i, lo)}" if holder[lo] == FREE else "wait"
+            return take_hi if holder[hi] == FREE else "wait"
+        return take_lo if holder[lo] == FREE else "wait"
     if h_lo and h_hi:
-        return f"put-down-{_side(i, hi)}" if _ate_last(table, i) else "eat"
+        return drop_hi if _ate_last(table, i) else "eat"
     if h_hi:
-        return f"put-down-{_side(i, hi)}"
+        return drop_hi
     if h_lo:
-        return f"pick-up-{_side(i, hi)}" if holder[hi] == FREE else "think"
-    return f"pick-up-{_side(i, lo)}" if holder[lo] == FREE else "think"
+        return take_hi if holder[hi] == FREE else "think"
+    return take_lo if holder[lo] == FREE else "think"
+
+
+# (take lower fork, take higher fork, drop higher fork), by "is the paper protocol".
+_LEFT_FIRST = {True: ("pick-up-left", "pick-up-right", "put-down-right"),
+               False: ("grab-left", "grab-right", "release")}
+_RIGHT_FIRST = {True: ("pick-up-right", "pick-up-left", "put-down-left"),
+                False: ("grab-right", "grab-left", "release")}
 
 
 def idle(table: Table, i: int, rng: random.Random) -> str | None:

@@ -57,6 +57,15 @@ class EpisodeConfig:
         if self.rounds < 1:
             raise ValueError(f"rounds must be at least 1, got {self.rounds}")
 
+    def with_seed(self, seed: int) -> EpisodeConfig:
+        """The same configuration with another seed, without re-validating (grids make millions)."""
+        clone = object.__new__(EpisodeConfig)
+        state = clone.__dict__
+        state.update(self.__dict__)
+        state["seed"] = seed
+        state.pop("episode_id", None)
+        return clone
+
     @cached_property
     def episode_id(self) -> str:
         return episode_id(self.identity())

@@ -83,12 +83,13 @@ class Grid:
         for model in self.models:
             variant = {**self.variant, **self.variants.get(model, {})}
             for n in self.sizes:
+                cell = EpisodeConfig(
+                    model=model, n=n, rounds=self.rounds, seed=self.seeds[0], protocol=self.protocol,
+                    schedule=self.schedule, conflict=self.conflict,
+                    deadlock_mode=self.deadlock_mode, variant=variant,
+                )
                 for seed in self.seeds:
-                    yield EpisodeConfig(
-                        model=model, n=n, rounds=self.rounds, seed=seed, protocol=self.protocol,
-                        schedule=self.schedule, conflict=self.conflict,
-                        deadlock_mode=self.deadlock_mode, variant=variant,
-                    )
+                    yield cell.with_seed(seed)
 
 
 def shard(configs: Iterable[EpisodeConfig], which: tuple[int, int] | None) -> Iterator[EpisodeConfig]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 # Opcodes shared by both protocols.
 PICK_LEFT, PICK_RIGHT, PUT_LEFT, PUT_RIGHT, PUT_ALL, EAT, IDLE, NOOP = range(8)
@@ -146,8 +147,7 @@ class Table:
         self.deadlock_rounds: list[int] = []
         self.round = 1
         self.over = False
-        self._left_pattern = list(range(n))
-        self._right_pattern = [(f - 1) % n for f in range(n)]
+        self._left_pattern, self._right_pattern = _deadlock_patterns(n)
 
     # -- what a philosopher sees -------------------------------------------------
     def observe(self, i: int) -> Observation:
@@ -354,6 +354,17 @@ class Table:
     def holds(self, i: int) -> int:
         """How many forks philosopher i holds."""
         return (self.holder[i] == i) + (self.holder[(i + 1) % self.n] == i)
+
+
+@lru_cache(maxsize=64)
+def _deadlock_patterns(n: int) -> tuple[list[int], list[int]]:
+    """Fork holders when everyone holds exactly one fork: all their left ones, or all their right ones.
+
+    Philosopher i can only hold fork i or i+1, so "everyone holds one fork"
+    (with N forks for N people) forces one of these two patterns; comparing
+    two lists is the whole deadlock check. The lists are shared and never mutated.
+    """
+    return list(range(n)), [(f - 1) % n for f in range(n)]
 
 
 def lowest_id(_round: int, _fork: int, a: int, b: int) -> int:
