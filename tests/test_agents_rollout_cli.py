@@ -1,0 +1,170 @@
+"""dphil-rollout with language models, as a real process against a real local server:
+grids, errors and resume, kill and resume, sharding, secrets, option errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import command_path, run
+from tests.openai_server import OpenAIServer, status
+
+KEY = "sk-cli-SECRET-0123456789abcdef"
+
+
+@pytest.fixture
+def server():
+    with OpenAIServer() as s:
+        yield s
+
+
+@pytest.fixture
+def env(tmp_path):
+    e = dict(os.environ)
+    e["DPHIL_CLI_KEY"] = KEY
+    e.pop("DPHIL_MODELS", None)
+    return e
+
+
+def registry(tmp_path, server, name="local"):
+    path = tmp_path / "models.toml"
+    path.write_text(f'[models.{name}]\nmodel = "openai/{name}"\napi_base = "{server.url}"\n'
+                    f'api_key_env = "DPHIL_CLI_KEY"\n')
+    return str(path)
+
+
+def lines(path):
+    return [json.loads(x) for x in open(path, encoding="utf-8").read().splitlines()]
+
+
+def test_grid_of_models_and_sizes_with_variant_in_the_id(tmp_path, server, env):
+    models = registry(tmp_path, server)
+    p = run(["dphil-rollout", "-m", "local", "-m", "scripted:hierarchy", "-n", "3,4",
+             "--episodes", "2", "--rounds", "2", "--models", models, "-q"], env=env)
+    assert p.returncode == 0, p.stderr
+    records = [json.loads(x) for x in p.stdout.decode().splitlines()]
+    assert len(records) == 8
+    local = [r for r in records if r["model"] == "local"]
+    assert sorted((r["n"], r["seed"]) for r in local) == [(3, 0), (3, 1), (4, 0), (4, 1)]
+    for r in local:
+        assert r["status"] == "complete" and r["prompt"] == "default" and r["memory"] == "full"
+        assert r["usage"]["calls"] == r["n"] * r["rounds_played"]
+        assert all("raw" in t and "usage" in t for t in r["turns"])
+    p2 = run(["dphil-rollout", "-m", "local", "-n", "3,4", "--episodes", "2", "--rounds", "2",
+              "--models", models, "--prompt", "minimal", "-q"], env=env)
+    ids2 = {json.loads(x)["episode_id"] for x in p2.stdout.decode().splitlines()}
+    assert ids2.isdisjoint({r["episode_id"] for r in local})
+    scored = run(["dphil-score", "--shaped"], input=p.stdout, env=env)
+    assert scored.returncode == 0, scored.stderr
+
+
+def test_errored_episodes_exit_75_and_resume_retries_only_them(tmp_path, server, env):
+    models = registry(tmp_path, server)
+    out = tmp_path / "out.jsonl"
+    server.script("local", status(500))  # the very first call fails: one episode errors
+    args = ["dphil-rollout", "-m", "local", "-n", "2", "--episodes", "3", "--rounds", "1",
+            "--models", models, "--retries", "0", "--concurrency", "1", "-o", str(out)]
+    p = run(args, env=env)
+    assert p.returncode == 75, p.stderr
+    assert b"1 episode(s) ended in error" in p.stderr
+    first = lines(out)
+    assert [r["status"] for r in first].count("error") == 1
+    err = next(r for r in first if r["status"] == "error")
+    assert "500" in err["error"] and err["turns"] == []
+    p = run([*args, "--resume"], env=env)
+    assert p.returncode == 0, p.stderr
+    after = lines(out)
+    assert after[: len(first)] == first  # appended, nothing rewritten
+    complete = [r["episode_id"] for r in after if r["status"] == "complete"]
+    assert len(complete) == len(set(complete)) == 3
+    assert after[-1]["episode_id"] == err["episode_id"]
+    p = run([*args, "--resume"], env=env)
+    assert p.returncode == 0 and len(lines(out)) == len(after)  # nothing left to do
+
+
+def test_sigterm_leaves_whole_lines_and_resume_completes_the_grid(tmp_path, env):
+    with OpenAIServer(latency=0.15) as server:
+        models = registry(tmp_path, server)
+        out = tmp_path / "out.jsonl"
+        args = [command_path("dphil-rollout"), "-m", "local", "-n", "2", "--episodes", "12",
+                "--rounds", "2", "--models", models, "--concurrency", "2", "-o", str(out)]
+        proc = subprocess.Popen(args, env=env, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not out.exists() or out.stat().st_size == 0):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode != 0 and b"terminated" in err
+        data = out.read_bytes()
+        assert data.endswith(b"\n")
+        partial = lines(out)
+        assert 1 <= len(partial) < 12
+        p = run([*args[:1], *args[1:], "--resume"], env=env)
+        assert p.returncode == 0, p.stderr
+    ids = [r["episode_id"] for r in lines(out) if r["status"] == "complete"]
+    assert len(ids) == len(set(ids)) == 12
+
+
+def test_shards_partition_the_grid_with_the_same_ids(tmp_path, server, env):
+    models = registry(tmp_path, server)
+    base = ["dphil-rollout", "-m", "local", "-n", "2,3", "--episodes", "3", "--rounds", "1",
+            "--models", models, "-q"]
+
+    def ids(extra):
+        p = run([*base, *extra], env=env)
+        assert p.returncode == 0, p.stderr
+        return [json.loads(x)["episode_id"] for x in p.stdout.decode().splitlines()]
+
+    whole = ids([])
+    parts = [ids(["--shard", f"{i}/3"]) for i in range(3)]
+    assert sorted(i for part in parts for i in part) == sorted(whole) and len(set(whole)) == 6
+    assert all(parts)
+
+
+def test_api_key_never_reaches_records_or_messages(tmp_path, server, env):
+    models = registry(tmp_path, server)
+    server.script("local", status(401))
+    p = run(["dphil-rollout", "-m", "local", "-n", "2", "--episodes", "1", "--rounds", "1",
+             "--models", models, "--retries", "0"], env=env)
+    assert p.returncode == 75
+    assert KEY.encode() not in p.stdout and KEY.encode() not in p.stderr
+    assert json.loads(p.stdout)["status"] == "error"
+    assert any(r["authorization"] == f"Bearer {KEY}" for r in server.requests)
+
+
+def test_max_errors_aborts(tmp_path, server, env):
+    models = registry(tmp_path, server)
+    server.default = lambda body: status(503)
+    p = run(["dphil-rollout", "-m", "local", "-n", "2", "--episodes", "10", "--rounds", "1",
+             "--models", models, "--retries", "0", "--concurrency", "1", "--max-errors", "2"],
+            env=env)
+    assert p.returncode == 69
+    assert b"--max-errors 2" in p.stderr
+    assert len(p.stdout.splitlines()) == 2
+
+
+@pytest.mark.parametrize(("extra", "code", "message"), [
+    (["-m", "no-such-alias"], 78, b"unknown model 'no-such-alias'"),
+    (["-m", "gpt-5.4", "--memory", "some"], 64, b"--memory"),
+    (["-m", "gpt-5.4", "--prompt-file", "/nonexistent/p.txt"], 66, b"no such prompt file"),
+])
+def test_option_errors(extra, code, message, env):
+    p = run(["dphil-rollout", "-n", "2", "--episodes", "1", *extra], env=env)
+    assert p.returncode == code, p.stderr
+    assert message in p.stderr and p.stdout == b""
+
+
+def test_scripted_runs_do_not_import_litellm(env):
+    code = ("import sys\nfrom dphil.commands.rollout import main\n"
+            "rc = main(['-m', 'scripted:naive', '-n', '3', '--episodes', '1', '-q'], "
+            "standalone_mode=False)\n"
+            "assert rc == 0, rc\nassert 'litellm' not in sys.modules, 'litellm imported'\n")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True)
+    assert p.returncode == 0, p.stderr
+    assert len(p.stdout.splitlines()) == 1
