@@ -1,0 +1,93 @@
+"""dphil-stats: per-cell results tables and the significance tests between cells."""
+
+from __future__ import annotations
+
+import click
+
+from ._common import command, execute, inputs_argument, on_error_option, output_option, quiet_option
+
+HELP = """Summarise scored episodes per cell and test the differences between cells.
+
+Reads scored episodes (dphil-score output) from FILEs or stdin and writes one
+`kind: "cell"` record per value of the --by fields (mean reward with its 95% t
+interval, deadlock rate with its Wilson interval, meals, degenerate and null-action
+rates, tokens, cost), then one `kind: "comparison"` record per --compare and group:
+Welch's t (Welch-Satterthwaite df), Hedges' g with its 95% CI, the deadlock-rate
+difference (z test, or Fisher's exact for small counts) and, when both arms share
+seeds, the paired t, Wilcoxon signed-rank and McNemar tests. p values of several
+comparisons are Holm-adjusted (--adjust). Errored episodes are counted and left out.
+
+\b
+  dphil-stats ep.jsonl --format markdown
+  dphil-stats runs/*.jsonl --compare model qwen3-14b qwen3-14b-grpo --power
+  dphil-stats ep.jsonl --by model,n,prompt --compare prompt v1 v2 --plot reward.png
+"""
+
+
+@command("dphil-stats", help=HELP)
+@inputs_argument
+@click.option("--by", "by_text", default="model,n", show_default=True, metavar="FIELD[,FIELD...]",
+              help="Top-level fields that define a cell (e.g. model,n,protocol,checkpoint_step).")
+@click.option("--compare", "compares", nargs=3, multiple=True, metavar="FIELD A B",
+              help="Compare cells where FIELD is B against those where it is A, within each group "
+                   "of the other --by fields. Repeatable.")
+@click.option("--adjust", type=click.Choice(["holm", "bh", "none"]), default="holm",
+              show_default=True, help="Multiplicity adjustment of p values across comparisons.")
+@click.option("--power", is_flag=True,
+              help="Add the episodes per arm needed to detect the observed g (alpha 0.05, power "
+                   "0.8) and the smallest g the current arms can detect.")
+@click.option("--effect", type=float, default=None, metavar="G",
+              help="Plan --power for this Hedges' g instead of the observed one (implies --power).")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown", "csv", "table"]),
+              default="jsonl", show_default=True, help="Records, or a table for papers/terminals.")
+@click.option("--no-cells", is_flag=True, help="Write only the comparisons.")
+@click.option("--plot", metavar="FILE", default=None,
+              help="Also draw mean reward and deadlock rate with CIs per cell to FILE "
+                   "(.png/.svg/.pdf; needs matplotlib).")
+@click.option("--degenerate-warn", type=click.FloatRange(0.0, 1.0), default=0.25,
+              show_default=True, metavar="RATE",
+              help="Warn on stderr about cells where at least this share of episodes has no "
+                   "deadlock and no meals.")
+@output_option
+@on_error_option
+@quiet_option
+def main(inputs, by_text, compares, adjust, power, effect, fmt, no_cells, plot, degenerate_warn,
+         output, on_error, quiet):
+    from dphil import cells, report
+    from dphil.errors import UsageError
+    from dphil.jsonl import RecordWriter
+
+    def body(console):
+        by = cells.parse_by(by_text)
+        wanted = [cells.Compare(f, a, b) for f, a, b in compares]
+        cells.check_fields([c.field for c in wanted])
+        if effect is not None and not (effect == effect and abs(effect) != float("inf")):
+            raise UsageError("--effect must be a finite number")
+        if plot:
+            report.check_plot(plot)
+        episodes = cells.load(inputs, [*by, *(c.field for c in wanted)], on_error=on_error,
+                              warn=console.warn)
+        if episodes.skipped:
+            console.error(f"skipped {episodes.skipped} bad record(s)")
+        if episodes.frame.height == 0:
+            console.warn("no episodes in the input: nothing to summarise")
+            return 0
+        cell_list = cells.cell_records(episodes, by, degenerate_warn=degenerate_warn,
+                                       warn=console.warn)
+        comps = cells.comparison_records(episodes, by, wanted, adjust=adjust,
+                                         power=power or effect is not None, effect=effect,
+                                         warn=console.warn)
+        shown = [] if no_cells else cell_list
+        if plot:
+            report.plot(cell_list, by, plot)
+        with RecordWriter(output) as writer:
+            if fmt == "jsonl":
+                for record in [*shown, *comps]:
+                    writer.write(record)
+            else:
+                text = report.render(fmt, shown, comps, by)
+                for line in text.splitlines(keepends=True):
+                    writer.write_line(line.encode())
+        return 0
+
+    return execute("dphil-stats", quiet, body)
