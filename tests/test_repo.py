@@ -23,6 +23,6 @@ def test_library_knows_nothing_of_click():
 
 
 def test_ruff_is_clean():
-    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise", str(ROOT)], capture_output=True,
-                          text=True, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise", str(ROOT)],
+                          capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr

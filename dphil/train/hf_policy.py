@@ -1,0 +1,453 @@
+"""A local transformers model (optionally with a LoRA adapter) that chooses philosophers' actions.
+
+Two ways to decide, both batched over every philosopher waiting for a move:
+
+- `constrained`: each of the protocol's replies (`ACTION: eat` plus the end of
+  turn token) is scored under the model and one is sampled in proportion to
+  its probability, so even a tiny or untrained model always answers with a
+  valid action. The probability trained is that of the chosen reply among the
+  candidates, which is exactly the distribution sampled from.
+- `free`: the model generates text (with the protocol's tools in its chat
+  template when the template supports them) and the reply is parsed like an
+  API model's reply; an unreadable reply is `action: null`, as on the API path.
+
+The same object serves `dphil-rollout -m hf:PATH --adapter DIR` (evaluation)
+and the peft training backend (which also needs the log-probabilities of what
+it sampled). torch and transformers are imported when a model is loaded.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import MissingExtraError, NoInputError, UsageError
+
+DECODE_MODES = ("constrained", "free")
+# What every constrained reply looks like: the text fallback of the API path.
+REPLY_FORMAT = "ACTION: {action}"
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class Decision:
+    """One philosopher's sampled reply and what training needs to reweight it.
+
+    `old_logprobs` are per generated token (free) or a single value, the
+    log-probability of the chosen candidate among all candidates (constrained).
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    text: str
+    action: str | None
+    old_logprobs: list[float]
+    candidate: int | None = None
+    candidates: tuple[str, ...] = ()
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def import_torch_stack() -> tuple[Any, Any]:
+    """torch and transformers, or a MissingExtraError saying what to install."""
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        raise MissingExtraError(
+            f"local models need torch and transformers ({e.name} is missing): "
+            "pip install 'dphil[train]'"
+        ) from None
+    # Deprecation chatter from the stack is not the user's problem; stderr is for progress.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)\.")
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    return torch, transformers
+
+
+def resolve_device(device: str) -> str:
+    torch, _ = import_torch_stack()
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: no CUDA device is available")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> Any:
+    torch, _ = import_torch_stack()
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+            dtype
+        ]
+    except KeyError:
+        raise UsageError(f"--dtype: unknown {dtype!r} (auto, float32, bfloat16, float16)") from None
+
+
+class LocalModel:
+    """A causal LM and its tokenizer, placed on one device, deciding in batches."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        adapter: str | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        micro_batch: int = 16,
+    ) -> None:
+        torch, transformers = import_torch_stack()
+        self.torch = torch
+        self.path = path
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.micro_batch = max(1, micro_batch)
+        if not Path(path).exists() and "/" not in path:
+            raise NoInputError(f"{path}: no such model directory")
+        try:
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+            model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+        except OSError as e:
+            raise NoInputError(f"{path}: cannot load the model: {_first_line(e)}") from None
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.eos_ids = _eos_ids(self.tokenizer, model)
+        if adapter is not None:
+            model = load_adapter(model, adapter, trainable=False)
+        self.model = model.to(self.device)
+        self.model.eval()
+        self._candidate_cache: dict[tuple[str, ...], list[list[int]]] = {}
+
+    # -- prompts -------------------------------------------------------------------------
+    def prompt_ids(
+        self, messages: list[dict[str, str]], tools: list[dict] | None = None
+    ) -> list[int]:
+        """The chat template applied to a conversation, ending where the assistant speaks."""
+        kwargs: dict[str, Any] = {"add_generation_prompt": True, "enable_thinking": False}
+        if tools:
+            kwargs["tools"] = tools
+        out = self.tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
+        if hasattr(out, "keys"):
+            out = out["input_ids"]
+        return list(out)
+
+    def candidate_ids(self, actions: tuple[str, ...]) -> list[list[int]]:
+        cached = self._candidate_cache.get(actions)
+        if cached is None:
+            eos = self.eos_ids[0]
+            cached = [
+                [*self.tokenizer.encode(REPLY_FORMAT.format(action=a), add_special_tokens=False), eos]
+                for a in actions
+            ]
+            self._candidate_cache[actions] = cached
+        return cached
+
+    # -- deciding ------------------------------------------------------------------------
+    def decide(
+        self,
+        prompts: Sequence[list[int]],
+        actions: tuple[str, ...],
+        *,
+        decode: str = "constrained",
+        temperature: float = 1.0,
+        max_new_tokens: int = 48,
+        seed: int = 0,
+        parse=None,
+    ) -> list[Decision]:
+        """Sample one reply per prompt. `parse(text) -> action | None` reads free replies."""
+        if decode == "constrained":
+            return self._decide_constrained(prompts, actions, temperature, seed)
+        if decode == "free":
+            if parse is None:
+                raise ValueError("free decoding needs a parse function")
+            return self._decide_free(prompts, temperature, max_new_tokens, seed, parse)
+        raise UsageError(f"--decode: unknown mode {decode!r} (constrained or free)")
+
+    def _decide_constrained(
+        self, prompts: Sequence[list[int]], actions: tuple[str, ...], temperature: float, seed: int
+    ) -> list[Decision]:
+        torch = self.torch
+        cands = self.candidate_ids(actions)
+        with torch.no_grad():
+            scores = self.candidate_logprobs(prompts, cands, temperature=temperature)  # [D, K]
+        gen = torch.Generator().manual_seed(seed)
+        probs = scores.float().exp().cpu()
+        # Temperature 0 is greedy: the most likely reply.
+        choice = (
+            probs.argmax(-1)
+            if temperature == 0
+            else torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+        )
+        out = []
+        for d, prompt in enumerate(prompts):
+            k = int(choice[d])
+            out.append(
+                Decision(
+                    prompt_ids=list(prompt),
+                    completion_ids=cands[k],
+                    text=REPLY_FORMAT.format(action=actions[k]),
+                    action=actions[k],
+                    old_logprobs=[float(scores[d, k])],
+                    candidate=k,
+                    candidates=actions,
+                    extras={
+                        "action_probs": {
+                            a: round(float(probs[d, j]), 6) for j, a in enumerate(actions)
+                        }
+                    },
+                )
+            )
+        return out
+
+    def _decide_free(
+        self,
+        prompts: Sequence[list[int]],
+        temperature: float,
+        max_new_tokens: int,
+        seed: int,
+        parse,
+    ) -> list[Decision]:
+        torch = self.torch
+        out: list[Decision] = []
+        pad = self.tokenizer.pad_token_id
+        for start in range(0, len(prompts), self.micro_batch):
+            chunk = prompts[start : start + self.micro_batch]
+            width = max(len(p) for p in chunk)
+            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            attn = torch.zeros((len(chunk), width), dtype=torch.long)
+            for b, p in enumerate(chunk):
+                ids[b, width - len(p) :] = torch.tensor(p)
+                attn[b, width - len(p) :] = 1
+            torch.manual_seed(seed + start)
+            sampling: dict[str, Any] = (
+                {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+                if temperature > 0
+                else {"do_sample": False}
+            )
+            with torch.no_grad():
+                gen = self.model.generate(
+                    input_ids=ids.to(self.device),
+                    attention_mask=attn.to(self.device),
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=pad,
+                    eos_token_id=self.eos_ids,
+                    **sampling,
+                )
+            for b, p in enumerate(chunk):
+                completion = []
+                for tok in gen[b, width:].tolist():
+                    completion.append(tok)
+                    if tok in self.eos_ids:
+                        break
+                text = self.tokenizer.decode(completion, skip_special_tokens=True)
+                out.append(Decision(list(p), completion, text, parse(text), []))
+        with torch.no_grad():
+            lp, _ = self.token_logprobs(
+                [(d.prompt_ids, d.completion_ids) for d in out], temperature=temperature
+            )
+        for b, d in enumerate(out):
+            c = len(d.completion_ids)
+            d.old_logprobs = [float(x) for x in lp[b, lp.shape[1] - c :]] if c else []
+            if len(d.completion_ids) >= max_new_tokens and d.completion_ids[-1] not in self.eos_ids:
+                d.extras["truncated"] = True
+        return out
+
+    # -- log-probabilities ---------------------------------------------------------------
+    def token_logprobs(
+        self, pairs: Sequence[tuple[list[int], list[int]]], *, temperature: float = 1.0
+    ) -> tuple[Any, Any]:
+        """Per-token log-probabilities of each completion after its prompt.
+
+        Returns ([B, C], mask [B, C]) right-aligned: completion b occupies the
+        last len(completion_b) columns. Sequences are left-padded so only the
+        last C+1 positions' logits are ever materialised (the vocabulary of a
+        real model is large).
+        """
+        torch = self.torch
+        rows, masks = [], []
+        width_c = max((len(c) for _, c in pairs), default=0)
+        for start in range(0, len(pairs), self.micro_batch):
+            lp, mask = self._token_logprobs_chunk(
+                pairs[start : start + self.micro_batch], width_c, temperature
+            )
+            rows.append(lp)
+            masks.append(mask)
+        if not rows:
+            z = torch.zeros((0, width_c), device=self.device)
+            return z, z
+        return torch.cat(rows), torch.cat(masks)
+
+    def _token_logprobs_chunk(self, pairs, width_c: int, temperature: float):
+        torch = self.torch
+        pad = self.tokenizer.pad_token_id
+        width = max(len(p) + len(c) for p, c in pairs)
+        width = max(width, width_c + 1)
+        ids = torch.full((len(pairs), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(pairs), width), dtype=torch.long)
+        mask = torch.zeros((len(pairs), width_c), dtype=torch.float32)
+        for b, (p, c) in enumerate(pairs):
+            seq = list(p) + list(c)
+            ids[b, width - len(seq) :] = torch.tensor(seq)
+            attn[b, width - len(seq) :] = 1
+            if c:
+                mask[b, width_c - len(c) :] = 1.0
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+        logits = (
+            self.model(
+                input_ids=ids,
+                attention_mask=attn,
+                position_ids=position_ids,
+                logits_to_keep=width_c + 1,
+            )
+            .logits[:, :-1, :]
+            .float()
+        )
+        if temperature and temperature != 1.0:
+            logits = logits / temperature
+        targets = ids[:, width - width_c :]
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        mask = mask.to(lp.device)
+        return lp * mask, mask
+
+    def candidate_logprobs(
+        self, prompts: Sequence[list[int]], cands: list[list[int]], *, temperature: float = 1.0
+    ) -> Any:
+        """[D, K]: log-probability of each candidate reply among the K, for each prompt.
+
+        Each prompt is run once; its key/value cache is then shared by the K
+        candidates (short), instead of running the prompt K times.
+        """
+        torch = self.torch
+        parts = []
+        for start in range(0, len(prompts), max(1, self.micro_batch // 2)):
+            parts.append(
+                self._candidate_chunk(
+                    prompts[start : start + max(1, self.micro_batch // 2)],
+                    cands,
+                    temperature or 1.0,
+                )
+            )
+        seq = torch.cat(parts) if parts else torch.zeros((0, len(cands)), device=self.device)
+        return torch.log_softmax(seq, dim=-1)
+
+    def _candidate_chunk(
+        self, prompts: Sequence[list[int]], cands: list[list[int]], temperature: float
+    ):
+        torch = self.torch
+        d, k = len(prompts), len(cands)
+        pad = self.tokenizer.pad_token_id
+        width = max(len(p) for p in prompts)
+        ids = torch.full((d, width), pad, dtype=torch.long)
+        attn = torch.zeros((d, width), dtype=torch.long)
+        for b, p in enumerate(prompts):
+            ids[b, width - len(p) :] = torch.tensor(p)
+            attn[b, width - len(p) :] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        first = torch.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)  # [D, V]
+        cache = getattr(out, "past_key_values", None) or getattr(out, "cache", None)
+        cache.batch_repeat_interleave(k)
+        cw = max(len(c) for c in cands)
+        cid = torch.full((k, cw), pad, dtype=torch.long)
+        cmask = torch.zeros((k, cw), dtype=torch.long)
+        for j, c in enumerate(cands):
+            cid[j, : len(c)] = torch.tensor(c)
+            cmask[j, : len(c)] = 1
+        cid, cmask = cid.to(self.device), cmask.to(self.device)
+        lengths = attn.sum(-1)  # [D]
+        cid_all = cid.repeat(d, 1)  # [D*K, cw], candidate-minor
+        cmask_all = cmask.repeat(d, 1)
+        full_attn = torch.cat([attn.repeat_interleave(k, dim=0), cmask_all], dim=1)
+        pos = lengths.repeat_interleave(k).unsqueeze(-1) + torch.arange(cw, device=self.device)
+        logits = (
+            self.model(
+                input_ids=cid_all,
+                attention_mask=full_attn,
+                position_ids=pos,
+                use_cache=False,
+                **{self._cache_kwarg(): cache},
+            ).logits.float()
+            / temperature
+        )
+        rest = (
+            torch.log_softmax(logits[:, :-1, :], dim=-1)
+            .gather(-1, cid_all[:, 1:].unsqueeze(-1))
+            .squeeze(-1)
+        )  # [D*K, cw-1]
+        head = first.repeat_interleave(k, dim=0).gather(-1, cid_all[:, :1]).squeeze(-1)  # [D*K]
+        total = head + (rest * cmask_all[:, 1:].to(rest.dtype)).sum(-1)
+        return total.view(d, k)
+
+    def _cache_kwarg(self) -> str:
+        """`cache` in recent transformers, `past_key_values` before it was renamed."""
+        import inspect
+
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        return (
+            "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        )
+
+    def unit_logprobs(
+        self, decisions: Sequence[Decision], *, temperature: float
+    ) -> tuple[Any, Any]:
+        """What the GRPO loss weighs: [D, T] log-probabilities and mask of the decisions' units.
+
+        Constrained: one unit per decision, the chosen candidate's log-probability
+        among the candidates. Free: one unit per generated token.
+        """
+        torch = self.torch
+        if decisions and decisions[0].candidate is not None:
+            actions = decisions[0].candidates
+            scores = self.candidate_logprobs(
+                [d.prompt_ids for d in decisions],
+                self.candidate_ids(actions),
+                temperature=temperature,
+            )
+            idx = torch.tensor([d.candidate for d in decisions], device=scores.device)
+            lp = scores.gather(-1, idx.unsqueeze(-1))
+            return lp, torch.ones_like(lp)
+        return self.token_logprobs(
+            [(d.prompt_ids, d.completion_ids) for d in decisions], temperature=temperature
+        )
+
+
+def load_adapter(model: Any, adapter: str, *, trainable: bool) -> Any:
+    """Wrap `model` with the LoRA adapter saved in directory `adapter`."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise MissingExtraError("LoRA adapters need peft: pip install 'dphil[train]'") from None
+    if not (Path(adapter) / "adapter_config.json").is_file():
+        raise NoInputError(f"{adapter}: not an adapter directory (no adapter_config.json)")
+    return PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
+
+
+def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
+    ids: list[int] = []
+    for source in (
+        tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        tokenizer.eos_token_id,
+        getattr(model.generation_config, "eos_token_id", None),
+    ):
+        for i in source if isinstance(source, list) else [source]:
+            if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id and i not in ids:
+                ids.append(i)
+    if not ids:
+        raise UsageError("the model's tokenizer has no end-of-turn token")
+    return ids
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

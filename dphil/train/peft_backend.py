@@ -1,0 +1,209 @@
+"""The transformers + peft backend: GRPO with a LoRA adapter on one CPU or GPU, no vLLM.
+
+It plays the step's episodes with the current adapter (batched, through the
+agent prompts of `dphil-rollout`), reweights every reply by its episode's
+group-relative advantage with the token-level clipped objective of
+`dphil.train.grpo`, takes one optimiser step, and saves the adapter with
+`save_pretrained` (plus the optimiser state, so a resumed run continues the
+same optimisation rather than restarting Adam's moments).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..agents.prompts import Prompt
+from ..errors import MissingExtraError
+from ..records import EpisodeConfig
+from .grpo import grpo_loss
+from .hf_policy import LORA_TARGETS, Decision, LocalModel, load_adapter
+from .play import Played, play_episodes
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+@dataclass(frozen=True)
+class PeftSettings:
+    """Everything the peft backend needs besides the episodes."""
+
+    base_model: str
+    prompt: Prompt
+    lora_rank: int = 8
+    lora_alpha: int = 16
+    learning_rate: float = 1e-5
+    clip_epsilon: float | None = 0.2
+    kl_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    decode: str = "constrained"
+    temperature: float = 1.0
+    max_new_tokens: int = 48
+    memory: int | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    micro_batch: int = 16
+
+
+@dataclass
+class Sample:
+    """One reply to reweight and its episode's advantage."""
+
+    decision: Decision
+    advantage: float
+
+
+class PeftBackend:
+    """A trainable LoRA policy around a local causal LM."""
+
+    name = "peft"
+
+    def __init__(self, settings: PeftSettings, *, resume_from: str | None = None) -> None:
+        try:
+            import peft
+            import torch
+        except ImportError as e:
+            raise MissingExtraError(
+                f"--backend peft needs torch, transformers and peft ({e.name} is missing): "
+                "pip install 'dphil[train]'"
+            ) from None
+        self.torch = torch
+        self.settings = settings
+        self.lm = LocalModel(
+            settings.base_model,
+            device=settings.device,
+            dtype=settings.dtype,
+            micro_batch=settings.micro_batch,
+        )
+        if resume_from is not None:
+            self.lm.model = load_adapter(self.lm.model, resume_from, trainable=True)
+        else:
+            config = peft.LoraConfig(
+                r=settings.lora_rank,
+                lora_alpha=settings.lora_alpha,
+                lora_dropout=0.0,
+                target_modules=list(LORA_TARGETS),
+                task_type="CAUSAL_LM",
+            )
+            self.lm.model = peft.get_peft_model(self.lm.model, config)
+        params = [p for p in self.lm.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=0.0)
+        if resume_from is not None and (Path(resume_from) / OPTIMIZER_FILE).is_file():
+            state = torch.load(Path(resume_from) / OPTIMIZER_FILE, map_location="cpu")
+            self.optimizer.load_state_dict(state)
+            for group in self.optimizer.param_groups:
+                group["lr"] = settings.learning_rate
+
+    @property
+    def model_name(self) -> str:
+        return f"hf:{self.settings.base_model}"
+
+    def policy_variant(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "decode": s.decode,
+            "temperature": s.temperature,
+            "prompt": s.prompt.name,
+            "prompt_version": s.prompt.version,
+            "memory": "full"
+            if s.memory is None
+            else ("none" if s.memory == 0 else f"window:{s.memory}"),
+        }
+
+    def rollout(self, configs: Sequence[EpisodeConfig], *, seed: int) -> list[Played]:
+        self.lm.model.eval()
+        s = self.settings
+        return play_episodes(
+            configs,
+            self.lm,
+            s.prompt,
+            decode=s.decode,
+            memory=s.memory,
+            temperature=s.temperature,
+            max_new_tokens=s.max_new_tokens,
+            seed=seed,
+        )
+
+    def train_groups(self, groups: Sequence[Any], *, step: int) -> dict[str, float]:
+        """Every reply of every episode, weighted by its episode's advantage in its group."""
+        samples = [
+            Sample(d, adv)
+            for g in groups
+            for ep, adv in zip(g.episodes, g.advantages, strict=True)
+            for d in ep.decisions
+        ]
+        return self.train(samples)
+
+    def train(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """One optimiser step on the samples; returns loss diagnostics."""
+        torch = self.torch
+        s = self.settings
+        samples = [x for x in samples if x.advantage != 0.0 or s.kl_coef]
+        stats = {
+            "loss": 0.0,
+            "pg_loss": 0.0,
+            "kl": 0.0,
+            "clip_fraction": 0.0,
+            "tokens": 0.0,
+            "grad_norm": 0.0,
+            "trained_samples": float(len(samples)),
+        }
+        if not samples:
+            return stats
+        model = self.lm.model
+        model.train()
+        temperature = s.temperature or 1.0
+        total_units = sum(
+            1 if x.decision.candidate is not None else len(x.decision.completion_ids)
+            for x in samples
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        for start in range(0, len(samples), self.lm.micro_batch):
+            chunk = samples[start : start + self.lm.micro_batch]
+            decisions = [x.decision for x in chunk]
+            lp, mask = self.lm.unit_logprobs(decisions, temperature=temperature)
+            old = torch.zeros_like(lp)
+            width = lp.shape[1]
+            for b, d in enumerate(decisions):
+                if d.old_logprobs:
+                    old[b, width - len(d.old_logprobs) :] = torch.tensor(
+                        d.old_logprobs, device=lp.device
+                    )
+            ref = None
+            if s.kl_coef:
+                with torch.no_grad(), model.disable_adapter():
+                    ref, _ = self.lm.unit_logprobs(decisions, temperature=temperature)
+            adv = torch.tensor([x.advantage for x in chunk], device=lp.device)
+            loss, part = grpo_loss(
+                lp,
+                old,
+                adv,
+                mask,
+                ref_logprobs=ref,
+                clip_epsilon=s.clip_epsilon,
+                kl_coef=s.kl_coef,
+                normaliser=total_units,
+            )
+            loss.backward()
+            for key in ("loss", "pg_loss", "kl", "clip_fraction", "tokens"):
+                stats[key] += part[key]
+        params = [p for p in model.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(
+            params, s.max_grad_norm if s.max_grad_norm > 0 else 1e9
+        )
+        stats["grad_norm"] = float(norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        model.eval()
+        return stats
+
+    def save(self, directory: Path, *, step: int = 0) -> str:
+        """Write the adapter (save_pretrained) and the optimiser state to `directory`."""
+        directory.mkdir(parents=True, exist_ok=True)
+        self.lm.model.save_pretrained(str(directory))
+        self.torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
+        return str(directory)
+
+    def close(self) -> None:
+        return None
