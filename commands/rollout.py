@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from dphil.table import CONFLICTS, DEADLOCK_MODES, PROTOCOLS, SCHEDULES
@@ -20,18 +18,22 @@ alias from the model registry (claude-opus-4.7, gpt-5.4, gemini-3.1-pro,
 grok-4.2, mistral-small-24b, qwen3-14b, qwen3-8b, deepseek-r1-distill-qwen-7b,
 or your own via --models) or a litellm id such as openai/gpt-5.4. A model call
 that fails after its retries ends that episode with status "error"; the run
-then exits 75 and a rerun with --resume retries it.
+then exits 75 and a rerun with --resume retries it. hf:PATH (with --adapter)
+plays a local transformers model; --checkpoints evaluates every adapter that
+dphil-train saved.
 
 \b
   dphil-rollout -m scripted:naive -n 5 --episodes 30 | dphil-score --shaped > ep.jsonl
   dphil-rollout -m scripted:hierarchy -m scripted:random -n 5,10,15 -o grid.jsonl --resume
   dphil-rollout -m qwen3-14b -n 5 --episodes 30 --concurrency 32 -o qwen.jsonl --resume
+  dphil-rollout --checkpoints ckpts.jsonl --seeds 1000-1029 | dphil-score --shaped > val.jsonl
 """
 
 
 @command("dphil-rollout", help=HELP)
-@click.option("-m", "--model", "models", multiple=True, required=True, metavar="MODEL",
-              help="Policy or model to seat at the table; repeat for a grid.")
+@click.option("-m", "--model", "models", multiple=True, metavar="MODEL",
+              help="Policy or model to seat at the table; repeat for a grid. scripted:NAME, a "
+                   "registry alias, a litellm id, or hf:PATH for a local transformers model.")
 @click.option("-n", "--philosophers", "sizes", default="5", show_default=True, metavar="N[,N...]",
               help="Table size(s), e.g. 5 or 5,10,15.")
 @click.option("--episodes", type=click.IntRange(min=1), default=30, show_default=True,
@@ -85,124 +87,50 @@ then exits 75 and a rerun with --resume retries it.
               help="Abort the run after N episodes ended in error (exit 69).")
 @click.option("--cost-limit", type=click.FloatRange(min=0), default=None, metavar="USD",
               help="Start no new episode once this much has been spent (litellm's prices).")
+@click.option("--adapter", default=None, metavar="DIR",
+              help="LoRA adapter (peft save_pretrained directory) for the -m hf:PATH models.")
+@click.option("--checkpoints", "checkpoint_files", multiple=True, metavar="FILE",
+              help="Evaluate every checkpoint record in FILE (from dphil-train) as a local model: "
+                   "episodes are tagged with run and checkpoint_step. Repeatable; - for stdin.")
+@click.option("--run", "checkpoint_run", default=None, metavar="NAME",
+              help="With --checkpoints: only this run's checkpoints.")
+@click.option("--decode", type=click.Choice(["constrained", "free"]), default="constrained",
+              show_default=True,
+              help="Local models: constrained samples among the protocol's replies; free "
+                   "generates text and parses it like an API reply.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Local models: sampling temperature (0 = greedy).")
+@click.option("--device", default="auto", show_default=True, help="Local models: cpu, cuda, cuda:1, auto.")
+@click.option("--batch", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Local models: episodes played together (one model batch per round).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Local models: CPU threads for torch [default: torch's choice].")
 @quiet_option
 def main(models, sizes, episodes, seed, seeds, rounds, protocol, schedule, conflict, deadlock_mode,
          output, resume, shard, registries, prompt, prompt_file, memory, talk, concurrency, rpm,
-         tpm, timeout, retries, max_errors, cost_limit, quiet):
-    from dphil.errors import OutputError, UsageError
-    from dphil.jsonl import RecordWriter
-    from dphil.policies import POLICIES
-    from dphil.rollout import (
-        Grid,
-        RunStats,
-        completed_ids,
-        is_scripted,
-        parse_int_list,
-        parse_shard,
-        run_scripted,
-        scripted_name,
-    )
-    from dphil.rollout import (
-        shard as shard_configs,
-    )
+         tpm, timeout, retries, max_errors, cost_limit, adapter, checkpoint_files, checkpoint_run, decode,
+         temperature, device, batch, threads, quiet):
+    from dphil.errors import UsageError
+    from dphil.rollout import RolloutRequest, parse_int_list, parse_shard, run_request
 
     def body(console):
         table_sizes = parse_int_list(sizes, "-n")
         if min(table_sizes) < 2:
             raise UsageError("-n: a table needs at least 2 philosophers")
-        seed_list = parse_int_list(seeds, "--seeds") if seeds else list(range(seed, seed + episodes))
-        for model in models:
-            if is_scripted(model) and scripted_name(model) not in POLICIES:
-                known = ", ".join(f"scripted:{p}" for p in POLICIES)
-                raise UsageError(f"unknown scripted policy {model!r} (known: {known})")
-        llm_models = [m for m in dict.fromkeys(models) if not is_scripted(m)]
-        plan = None
-        if llm_models:
-            from dphil.agents.runner import plan_models
-
-            plan = plan_models(llm_models, registry_files=registries, prompt=prompt,
-                               prompt_file=prompt_file, memory=memory, talk=talk)
-        grid = Grid(models=list(models), sizes=table_sizes, seeds=seed_list, rounds=rounds,
-                    protocol=protocol, schedule=schedule, conflict=conflict,
-                    deadlock_mode=deadlock_mode, variants=plan.variants if plan else {})
-        which = parse_shard(shard)
-        done: set[str] = set()
-        if output is not None and output != "-":
-            if os.path.exists(output) and not resume:
-                raise OutputError(f"{output} exists: pass --resume to finish it, or choose another file",
-                                  exit_code=73)
-            if resume:
-                done = completed_ids(output, warn=console.warn)
-        elif resume:
-            raise UsageError("--resume needs -o FILE")
-        writer = RecordWriter(output, mode="append", line_buffered=plan is not None)
-        stats = RunStats()
-        llm_stats = None
-        bar = None
-        try:
-            configs = list(shard_configs(grid.configs(), which))
-            if console.show_progress:
-                from tqdm import tqdm
-
-                bar = tqdm(total=len(configs), unit="ep", desc="episodes", file=console.stderr)
-            run_scripted([c for c in configs if is_scripted(c.model)], writer.write, done=done,
-                         stats=stats, progress=bar.update if bar is not None else None)
-            if plan is not None:
-                from dphil.agents.llm import Limits
-                from dphil.agents.runner import run_models
-
-                llm_stats = run_models(
-                    [c for c in configs if not is_scripted(c.model)], plan.specs, plan.settings,
-                    writer.write, done=done, max_errors=max_errors, cost_limit=cost_limit,
-                    limits=Limits(concurrency=concurrency, rpm=rpm, tpm=tpm, timeout=timeout,
-                                  retries=retries),
-                    progress=_llm_progress(bar),
-                )
-        except BaseException:
-            writer.close(success=False)
-            raise
-        finally:
-            if bar is not None:
-                bar.close()
-        writer.close()
-        if stats.skipped_done:
-            console.warn(f"{stats.skipped_done} episode(s) already complete in {output}; "
-                         f"wrote {stats.written}")
-        if llm_stats is not None:
-            return _llm_summary(console, llm_stats, output)
-        return 0
+        if not models and not checkpoint_files:
+            raise UsageError("Missing option '-m' / '--model' (or --checkpoints FILE)")
+        request = RolloutRequest(
+            models=list(models), sizes=table_sizes,
+            seeds=parse_int_list(seeds, "--seeds") if seeds else list(range(seed, seed + episodes)),
+            rounds=rounds, protocol=protocol, schedule=schedule, conflict=conflict,
+            deadlock_mode=deadlock_mode, output=output, resume=resume, shard=parse_shard(shard),
+            registries=registries, prompt=prompt, prompt_file=prompt_file, memory=memory, talk=talk,
+            limits={"concurrency": concurrency, "rpm": rpm, "tpm": tpm, "timeout": timeout, "retries": retries},
+            max_errors=max_errors, cost_limit=cost_limit, adapter=adapter, checkpoints=checkpoint_files,
+            checkpoint_run=checkpoint_run,
+            local={"decode": decode, "temperature": temperature, "device": device, "batch": batch,
+                   "threads": threads},
+        )
+        return run_request(request, console)
 
     return execute("dphil-rollout", quiet, body)
-
-
-def _llm_progress(bar):
-    """Progress callback for model runs: the bar shows errors, tokens and cost as they grow."""
-    if bar is None:
-        return None
-
-    def progress(record, stats):
-        bar.update(1)
-        bar.set_postfix(errors=stats.errors,
-                        tokens=stats.usage.prompt_tokens + stats.usage.completion_tokens,
-                        cost=f"${stats.usage.cost:.4f}", refresh=False)
-
-    return progress
-
-
-def _llm_summary(console, stats, output):
-    """Closing lines of a model run; exit 75 (try again) when episodes are left to do."""
-    from dphil.errors import EX_TEMPFAIL
-
-    u = stats.usage
-    if stats.skipped_done:
-        console.warn(f"{stats.skipped_done} model episode(s) already complete in {output}")
-    console.warn(f"model episodes: {stats.written} written, {stats.errors} errored; "
-                 f"{u.calls} calls, {u.prompt_tokens + u.completion_tokens} tokens, "
-                 f"${u.cost:.4f}")
-    if stats.not_started:
-        console.error(f"cost limit reached: {stats.not_started} episode(s) not started; "
-                      "rerun with --resume to continue")
-    if stats.errors:
-        console.error(f"{stats.errors} episode(s) ended in error (last: {stats.last_error}); "
-                      "rerun with --resume to retry them")
-    return EX_TEMPFAIL if stats.errors or stats.not_started else 0
