@@ -1,7 +1,8 @@
 """Local models at the table: `-m hf:PATH --adapter DIR` and the checkpoint loop of issue 6.
 
     dphil-train ... > ckpts.jsonl
-    dphil-rollout --checkpoints ckpts.jsonl --seeds ... | dphil-score --shaped | dphil-ckpt-select --by val ckpts.jsonl -
+    dphil-rollout --checkpoints ckpts.jsonl --seeds ... | dphil-score --shaped \
+        | dphil-ckpt-select --by val ckpts.jsonl -
 
 runs here for real with a tiny Qwen3 model built in the test (no download).
 """
@@ -88,7 +89,7 @@ def test_hf_model_with_adapter_is_reproducible_and_resumable(trained, tmp_path):
 
 
 def test_missing_adapter_and_misused_options(trained, tmp_path):
-    d, model, _ = trained
+    d, _, _ = trained
     gone = tmp_path / "ckpts.jsonl"
     rec = json.loads((d / "ckpts.jsonl").read_text().splitlines()[0])
     rec["path"] = str(tmp_path / "deleted-adapter")
