@@ -8,11 +8,9 @@ far apart they are. matplotlib is optional and imported only here.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 from pathlib import Path
 
+from .atomic import atomic_file
 from .checkpoints import METRICS, Selection
 from .errors import MissingExtraError, OutputError, UsageError
 
@@ -93,24 +91,10 @@ def plot_selection(selection: Selection, path: str | Path, *, title: str | None 
 def _save(fig, path: Path) -> None:
     """Render to a temporary file beside `path`, then rename: no half-written images."""
     check_plot_path(path)
-    fmt = path.suffix.lstrip(".").lower()
-    directory = path.resolve().parent
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    except OSError as e:
-        raise OutputError(f"{path}: cannot write: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format=fmt)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
+        with atomic_file(path) as fh:
+            fig.savefig(fh, format=path.suffix.lstrip(".").lower())
     except ValueError as e:  # matplotlib: unsupported format
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise OutputError(f"{path}: cannot write this image format: {e}") from None
     except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise OutputError(f"{path}: cannot write: {e.strerror}") from None

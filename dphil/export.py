@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .atomic import current_umask
 from .errors import EX_CANTCREAT, DataError, DphilError, MissingExtraError, NoInputError
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -145,9 +146,7 @@ class _staging:
             parent.mkdir(parents=True, exist_ok=True)
             self.tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}.", suffix=".tmp", dir=parent))
             # mkdtemp makes it private (0700); give the export the usual permissions.
-            umask = os.umask(0)
-            os.umask(umask)
-            self.tmp.chmod(0o777 & ~umask)
+            self.tmp.chmod(0o777 & ~current_umask())
         except OSError as e:
             raise DphilError(f"cannot create {d}: {e}", exit_code=EX_CANTCREAT) from None
         return self.tmp

@@ -23,13 +23,13 @@ import gzip
 import io
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import IO, Any
 
 import orjson
 
+from .atomic import discard, publish, temp_beside
 from .errors import DataError, NoInputError, OutputError
 
 MAX_LINE = 64 * 1024 * 1024
@@ -178,12 +178,6 @@ def _fileno(stream) -> int | None:
         return None
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def dumps(record: dict[str, Any]) -> bytes:
     """One record as one JSON line (with its newline)."""
     return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
@@ -220,15 +214,11 @@ class RecordWriter:
                 self._buffer = getattr(sys.stdout, "buffer", sys.stdout)
             return
         self._stream = False
-        directory = os.path.dirname(os.path.abspath(path)) or "."
         try:
             if mode == "append":
                 self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             else:
-                fd, self._tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                                                 dir=directory)
-                os.fchmod(fd, 0o666 & ~_umask())
-                self._fd = fd
+                self._fd, self._tmp = temp_beside(path)
         except OSError as e:
             raise OutputError(f"{path}: cannot write: {e.strerror}") from None
 
@@ -287,15 +277,9 @@ class RecordWriter:
                     os.close(self._fd)
                 if self._tmp is not None:
                     if success:
-                        try:
-                            os.replace(self._tmp, self.path)  # type: ignore[arg-type]
-                        except OSError as e:
-                            with contextlib.suppress(OSError):
-                                os.unlink(self._tmp)
-                            raise OutputError(f"{self.path}: cannot rename into place: {e.strerror}") from None
+                        publish(self._tmp, self.path)  # type: ignore[arg-type]
                     else:
-                        with contextlib.suppress(OSError):
-                            os.unlink(self._tmp)
+                        discard(self._tmp)
 
     def __enter__(self) -> RecordWriter:
         return self

@@ -8,12 +8,11 @@ optional extra that is imported only when a plot is asked for).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from .atomic import atomic_file
 from .errors import MissingExtraError, OutputError, UsageError
 
 FORMATS = ("jsonl", "markdown", "csv", "table")
@@ -319,20 +318,8 @@ def plot(cells: list[dict[str, Any]], by: Sequence[str], path: str) -> None:
 
 def _save(fig: Any, path: str, ext: str) -> None:
     """Write the figure to a temporary file next to `path` and rename it into place."""
-    directory = os.path.dirname(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=f".{ext}",
-                                   dir=directory)
-    except OSError as e:
-        raise OutputError(f"{path}: cannot write: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
+        with atomic_file(path) as fh:
             fig.savefig(fh, format=ext)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, path)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise OutputError(f"{path}: cannot write: {e.strerror}") from None

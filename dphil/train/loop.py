@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import orjson
 
 from .. import __version__
+from ..atomic import atomic_file
 from ..errors import DataError, UsageError
 from ..jsonl import RecordWriter
 from ..records import SCHEMA_VERSION, EpisodeConfig
@@ -194,11 +195,8 @@ def check_settings(cfg: TrainConfig) -> None:
             )
         return
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(
-        json.dumps({**ident, "run": cfg.run, "dphil_version": __version__}, indent=2) + "\n"
-    )
-    os.replace(tmp, path)
+    with atomic_file(path) as fh:
+        fh.write((json.dumps({**ident, "run": cfg.run, "dphil_version": __version__}, indent=2) + "\n").encode())
 
 
 def step_dir(run_dir: Path, step: int) -> Path:
@@ -229,10 +227,8 @@ def trim_episodes(path: str, last_step: int) -> None:
                 continue
             if isinstance(rec, dict) and _written_at(rec) <= last_step:
                 keep.append(line)
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as fh:
+    with atomic_file(path) as fh:
         fh.writelines(keep)
-    os.replace(tmp, path)
 
 
 def _written_at(rec: dict[str, Any]) -> int:

@@ -21,7 +21,6 @@ from ..agents.parsing import parse_reply
 from ..agents.prompts import Prompt, observation_text
 from ..agents.tools import tool_specs
 from ..episode import new_table
-from ..errors import UsageError
 from ..records import EpisodeConfig, episode_record
 from ..table import Table, protocol_actions
 from .hf_policy import Decision, LocalModel
@@ -39,15 +38,18 @@ class Played:
 
 
 def parse_memory(text: str) -> int | None:
-    """`full` (None: everything), `none` (0) or `window:K` (the last K exchanges)."""
+    """`--memory` as the number of past exchanges to keep: None for `full`, 0 for `none`, K for `window:K`.
+
+    The text is checked by the API agents' own parser, so both paths accept exactly the same values.
+    """
+    from ..agents.agent import parse_memory as check_memory
+
+    text = check_memory(text)
     if text == "full":
         return None
     if text == "none":
         return 0
-    head, _, k = text.partition(":")
-    if head == "window" and k.isdigit() and int(k) >= 1:
-        return int(k)
-    raise UsageError(f"--memory: expected full, none or window:K, got {text!r}")
+    return int(text.partition(":")[2])
 
 
 class _Seat:
