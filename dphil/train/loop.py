@@ -315,29 +315,20 @@ def _train_configs(
             seed = derive_seed("train", cfg.seed, step, g, k)
         seeds.append(seed)
         for j in range(cfg.group_size):
-            configs.append(
-                EpisodeConfig(
-                    model=backend.model_name,
-                    n=n,
-                    rounds=cfg.rounds,
-                    seed=seed,
-                    protocol=cfg.protocol,
-                    schedule=cfg.schedule,
-                    conflict=cfg.conflict,
-                    deadlock_mode=cfg.deadlock_mode,
-                    variant={
-                        **backend.policy_variant(),
-                        "adapter": adapter,
-                        "run": cfg.run,
-                        "split": "train",
-                        "train_step": step,
-                        "checkpoint_step": prev,
-                        "group": g,
-                        "sample": j,
-                    },
-                )
-            )
+            configs.append(_episode_config(cfg, backend, n, seed, {
+                "adapter": adapter, "run": cfg.run, "split": "train", "train_step": step,
+                "checkpoint_step": prev, "group": g, "sample": j,
+            }))
     return configs, seeds
+
+
+def _episode_config(cfg: TrainConfig, backend: Backend, n: int, seed: int, tags: dict[str, Any]) -> EpisodeConfig:
+    """An episode of this run on the table configured for it, tagged with where it belongs."""
+    return EpisodeConfig(
+        model=backend.model_name, n=n, rounds=cfg.rounds, seed=seed, protocol=cfg.protocol,
+        schedule=cfg.schedule, conflict=cfg.conflict, deadlock_mode=cfg.deadlock_mode,
+        variant={**backend.policy_variant(), **tags},
+    )
 
 
 def _score_groups(cfg: TrainConfig, played: list[Played]) -> list[ScoredGroup]:
@@ -360,23 +351,8 @@ def _score_groups(cfg: TrainConfig, played: list[Played]) -> list[ScoredGroup]:
 
 def _validate(cfg: TrainConfig, backend: Backend, step: int, path: str) -> list[dict[str, Any]]:
     configs = [
-        EpisodeConfig(
-            model=backend.model_name,
-            n=n,
-            rounds=cfg.rounds,
-            seed=seed,
-            protocol=cfg.protocol,
-            schedule=cfg.schedule,
-            conflict=cfg.conflict,
-            deadlock_mode=cfg.deadlock_mode,
-            variant={
-                **backend.policy_variant(),
-                "adapter": path,
-                "run": cfg.run,
-                "split": "val",
-                "checkpoint_step": step,
-            },
-        )
+        _episode_config(cfg, backend, n, seed,
+                        {"adapter": path, "run": cfg.run, "split": "val", "checkpoint_step": step})
         for n in cfg.val_sizes
         for seed in cfg.val_seeds
     ]
