@@ -1,151 +1,368 @@
-"""CPU evidence: GRPO training-reward curves under the `paper` and `shaped` rewards.
+"""CPU evidence: does the reward change what GRPO learns? `paper` vs `shaped`, tiny model.
 
-Builds the tiny random Qwen3 model of the test suite (no download), then runs
-the toolkit's own command twice, once per training reward:
+Trains LoRA adapters on the tiny random Qwen3 model of the test suite (built
+here, never downloaded) with the toolkit's own commands, once per training
+reward and seed, and compares the runs on the same yardsticks:
 
-    dphil-train --backend peft --base-model TINY --reward {paper,shaped} ... > ckpts.jsonl
+    dphil-train --backend peft --reward {paper,shaped} --seed S ...  (checkpoints, episodes)
+    dphil-rollout -m hf:TINY ...                                     (step-0 baseline)
+    dphil-score --reward paper | --reward shaped                     (rescore every episode)
+    dphil-stats --by split,checkpoint_step                           (per-step cells)
+    dphil-ckpt-select --by val                                       (best step vs the last)
 
-and plots, per step, the training reward (each run under its own reward) and
-the held-out validation meals and deadlock rate, marking the best step of each
-run. What it shows: the loop, the reward plumbing and the checkpoint records
-work end to end, and which behaviour each reward pays for (the paper reward is
-already near its maximum when nobody eats; the shaped one is not). What it does
-not show: anything about real language models; the policy is a 250k-parameter
-random network whose only learnable signal is the action prior.
+Per step and per training reward it plots the training reward under both
+yardsticks, meals per episode, the deadlock rate and the held-out validation
+reward and meals, with the step `dphil-ckpt-select --by val` keeps and the
+last step marked; summary.json holds the numbers.
 
-    python bench/train_curve.py --steps 12 --out bench/results/train_curve
+Two choices make the experiment informative rather than degenerate:
+- Single-token actions. The tiny tokenizer splits `pick-up-left` into five
+  pieces, so a random model scores every fork action about 1e-9 under
+  constrained decoding and never eats (the first version of this experiment
+  saw zero meals). The action names are added to the tokenizer as single
+  tokens (new embedding rows drawn like the others), so the untrained policy
+  spreads its probability over all six actions, as a real instruction-tuned
+  model's prior over valid replies roughly does.
+- Eight rounds and groups of eight episodes, so random play eats in some
+  episodes and deadlocks in others and every group has reward variance.
+
+The two rewards see the same scenarios and, at step 0, the very same episodes
+(same base model, seed and sampling), so the curves part only because of the
+reward. Seeds vary the scenarios, the sampling and the LoRA initialisation.
+Runs are not bitwise repeatable: dphil-train does not seed peft's LoRA A
+initialisation, so a rerun with the same seeds drifts after step 1 (the
+qualitative picture held over the two invocations made so far).
+
+What it does not show: anything about language models. The policy is a
+~250k-parameter random network whose learnable signal is, in effect, a
+state-dependent action prior; a few hundred episodes per run on a 3-seat table.
+
+    python bench/train_curve.py                  # 3 seeds per reward: ~9-10 min on 2 busy cores
+    python bench/train_curve.py --seeds 0,1      # ~6 min
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import mean
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPT = "Philosopher $seat of $n. Forks $left_fork and $right_fork.\n$rules\n$answer\n"
+VARIANTS = ("paper", "shaped")
+COLOURS = {"paper": "tab:blue", "shaped": "tab:orange"}
+# A short system prompt keeps every forward pass small; the per-round observation
+# (forks held, neighbours' forks, meals, last result) is still appended by the agent.
+PROMPT = "Seat $seat of $n.\n$answer\n"
 
 
-def train(variant: str, model: Path, out: Path, args: argparse.Namespace) -> list[dict]:
-    run_dir = args.work / f"run-{variant}"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [
-        shutil.which("dphil-train") or "dphil-train",
-        "--backend",
-        "peft",
-        "--base-model",
-        str(model),
-        "--run-dir",
-        str(run_dir),
-        "--reward",
-        variant,
-        "-n",
-        str(args.n),
-        "--rounds",
-        str(args.rounds),
-        "--steps",
-        str(args.steps),
-        "--groups",
-        str(args.groups),
-        "--group-size",
-        str(args.group_size),
-        "--lr",
-        str(args.lr),
-        "--prompt-file",
-        str(args.work / "prompt.txt"),
-        "--memory",
-        "none",
-        "--threads",
-        "1",
-        "--seed",
-        str(args.seed),
-        "--val-every",
-        "1",
-        "--val-seeds",
-        "100000-100007",
-        "--episodes-out",
-        str(args.work / f"episodes-{variant}.jsonl"),
-    ]
-    started = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+def rel(path: Path) -> str:
+    """Paths in records relative to the repository, so they hold on any checkout."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def tool(name: str) -> str:
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if not found:
+        sys.exit(f"{name} not found: pip install -e . in this environment")
+    return found
+
+
+def build_model(work: Path) -> Path:
+    """The tests' tiny Qwen3 model with each multi-token action name made one token."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+    from tokenizers import AddedToken
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from dphil.table import protocol_actions
+    from tests.tinymodel import build_tiny_model
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    base = build_tiny_model(work / "tiny-base")
+    out = work / "tiny-model"
+    shutil.rmtree(out, ignore_errors=True)
+    tok = AutoTokenizer.from_pretrained(base)
+    # With the leading space, so `ACTION: eat` and `ACTION: pick-up-left` differ in one token.
+    split = [a for a in protocol_actions("paper") if len(tok.tokenize(" " + a)) > 1]
+    tok.add_tokens([AddedToken(" " + a, normalized=False) for a in split])
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    model.resize_token_embeddings(len(tok), mean_resizing=False)  # new rows: the usual init
+    tok.save_pretrained(out)
+    model.save_pretrained(out)
+    for a in protocol_actions("paper"):
+        assert len(tok.tokenize(" " + a)) == 1, a
+    return out
+
+
+def run_jobs(jobs: list[tuple[str, list[str]]], width: int, logs: Path) -> dict[str, float]:
+    """Run commands `width` at a time (cwd = repository root); stop on the first failure."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    pending, running, took = list(jobs), {}, {}
+    while pending or running:
+        while pending and len(running) < width:
+            name, cmd = pending.pop(0)
+            log = (logs / f"{name}.log").open("w")
+            running[name] = (subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, env=env),
+                             time.monotonic(), log)
+            print(f"  started {name}", file=sys.stderr)
+        time.sleep(1)
+        for name, (proc, started, log) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            log.close()
+            del running[name]
+            took[name] = time.monotonic() - started
+            if proc.returncode != 0:
+                for other, _, _ in running.values():
+                    other.terminate()
+                tail = (logs / f"{name}.log").read_text().splitlines()[-15:]
+                sys.exit(f"{name} failed ({proc.returncode}):\n" + "\n".join(tail))
+            print(f"  {name} done in {took[name]:.0f}s", file=sys.stderr)
+    return took
+
+
+def check(cmd: list[str]) -> str:
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        sys.exit(f"dphil-train failed ({proc.returncode}):\n{proc.stderr}")
-    (out / f"ckpts-{variant}.jsonl").write_text(proc.stdout)
-    print(f"{variant}: {args.steps} steps in {time.monotonic() - started:.0f}s", file=sys.stderr)
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc.stdout
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def cells(path: Path, by: str) -> list[dict]:
+    """dphil-stats cells of a scored episode file."""
+    out = check([tool("dphil-stats"), "-q", "--by", by, str(path)])
+    return [r for r in map(json.loads, out.splitlines()) if r.get("kind") == "cell"]
+
+
+def per_step(rows: list[dict], split: str, field: str) -> dict[int, float]:
+    return {r["checkpoint_step"]: r[field] for r in rows if r["split"] == split}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("-n", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--groups", type=int, default=2)
-    ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default="0,1,2", help="Training seeds per reward (comma list).")
+    ap.add_argument("--val-every", type=int, default=2)
+    ap.add_argument("--val-seeds", default="100000-100015")
+    ap.add_argument("--jobs", type=int, default=2, help="Training runs in parallel (1 thread each).")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "train_curve")
     ap.add_argument("--work", type=Path, default=ROOT / "bench" / "out" / "train_curve",
-                    help="Where the model, adapters and episodes go (large; not committed).")
+                    help="Model, adapters, episodes, logs (large; not committed).")
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    args.work.mkdir(parents=True, exist_ok=True)
-    (args.work / "prompt.txt").write_text(PROMPT)
-    sys.path.insert(0, str(ROOT))
-    from tests.tinymodel import build_tiny_model
+    seeds = [int(s) for s in args.seeds.split(",")]
+    t0 = time.monotonic()
+    for d in (args.out, args.work):
+        d.mkdir(parents=True, exist_ok=True)
+    # A fresh experiment: remove only what an earlier run of this script wrote.
+    for pattern in ("run-*", "tiny-*", "logs", "ep-*.jsonl", "ckpts-*.jsonl"):
+        for stale in args.work.glob(pattern):
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+    for pattern in ("ckpts-*.jsonl", "summary.json", "train_curve.png"):
+        for stale in args.out.glob(pattern):
+            stale.unlink()
+    (args.work / "logs").mkdir()
+    prompt = args.work / "prompt.txt"
+    prompt.write_text(PROMPT)
+    model = build_model(args.work)
+    common = ["-n", str(args.n), "--rounds", str(args.rounds), "--prompt-file", rel(prompt),
+              "--memory", "none", "--threads", "1", "--decode", "constrained"]
 
-    model = build_tiny_model(args.work / "tiny-model")
-    runs = {v: train(v, model, args.out, args) for v in ("paper", "shaped")}
+    runs = {f"{v}-s{s}": (v, s) for v in VARIANTS for s in seeds}
+    jobs = [
+        ("base-val", [tool("dphil-rollout"), "-q", "-m", f"hf:{rel(model)}", "--seeds",
+                      args.val_seeds, "--batch", "16", *common,
+                      "-o", rel(args.work / "ep-base.jsonl")])
+    ]
+    for name, (variant, seed) in runs.items():
+        jobs.append((name, [
+            tool("dphil-train"), "--backend", "peft", "--base-model", rel(model),
+            "--run-dir", rel(args.work / f"run-{name}"), "--run", name, "--reward", variant,
+            "--seed", str(seed), "--steps", str(args.steps), "--groups", str(args.groups),
+            "--group-size", str(args.group_size), "--lr", str(args.lr), "--micro-batch", "96",
+            "--val-every", str(args.val_every), "--val-seeds", args.val_seeds, *common,
+            "--episodes-out", rel(args.work / f"ep-{name}.jsonl"),
+            "-o", rel(args.work / f"ckpts-{name}.jsonl"),
+        ]))
+    # Longest first: the training runs, then the short baseline.
+    took = run_jobs(jobs[1:] + jobs[:1], args.jobs, args.work / "logs")
 
-    summary = {}
-    for v, recs in runs.items():
-        best = max(recs, key=lambda r: r["val_reward"])
-        summary[v] = {
-            "train_reward": [r["train_reward"] for r in recs],
-            "val_reward": [r["val_reward"] for r in recs],
-            "val_meals_mean": [r["val_meals_mean"] for r in recs],
-            "val_deadlock_rate": [r["val_deadlock_rate"] for r in recs],
-            "zero_std_groups": [r["zero_std_groups"] for r in recs],
-            "best_val_step": best["step"],
-            "last_step": recs[-1]["step"],
+    # Every episode scored under both yardsticks, then summarised per step by dphil-stats.
+    for name in ["base", *runs]:
+        for y in VARIANTS:
+            check([tool("dphil-score"), "-q", "--reward", y, rel(args.work / f"ep-{name}.jsonl"),
+                   "-o", rel(args.work / f"ep-{name}.{y}.jsonl")])
+    base = {y: cells(args.work / f"ep-base.{y}.jsonl", "model")[0] for y in VARIANTS}
+
+    summary: dict = {
+        "command": "python bench/train_curve.py " + " ".join(sys.argv[1:]),
+        "setup": {
+            "model": "tests/tinymodel.py build_tiny_model (random Qwen3, hidden 96, 2 layers) "
+                     "+ the 4 multi-token action names added as single tokens",
+            "n": args.n, "rounds": args.rounds, "steps": args.steps, "groups": args.groups,
+            "group_size": args.group_size, "lr": args.lr, "lora_rank": 8, "seeds": seeds,
+            "val_every": args.val_every, "val_seeds": args.val_seeds, "prompt": PROMPT,
+            "decode": "constrained", "memory": "none",
+            "x_axis": "adapter step: training episodes of step k are played with adapter k-1; "
+                      "validation at step k with adapter k; step 0 is the base model",
+        },
+        "base_val": {y: {"reward": base[y]["reward_mean"], "meals": base[y]["meals_mean"],
+                         "deadlock_rate": base[y]["deadlock_rate"]} for y in VARIANTS},
+        "runs": {},
+    }
+    for name, (variant, seed) in runs.items():
+        ckpts = read_jsonl(args.work / f"ckpts-{name}.jsonl")
+        scored = {y: cells(args.work / f"ep-{name}.{y}.jsonl", "split,checkpoint_step")
+                  for y in VARIANTS}
+        own = scored[variant]
+        chosen = json.loads(check([
+            tool("dphil-ckpt-select"), "-q", "--by", "val", "--run", name,
+            rel(args.work / f"ckpts-{name}.jsonl"), rel(args.work / f"ep-{name}.{variant}.jsonl"),
+        ]))
+        sel, best = chosen["selection"], chosen["step"]
+        last = sel["last_step"]
+        val_meals = per_step(own, "val", "meals_mean")
+        val_dl = per_step(own, "val", "deadlock_rate")
+        summary["runs"][name] = {
+            "train_reward": variant, "seed": seed, "seconds": round(took[name]),
+            "train": {
+                "reward_own": per_step(own, "train", "reward_mean"),
+                "reward_paper": per_step(scored["paper"], "train", "reward_mean"),
+                "reward_shaped": per_step(scored["shaped"], "train", "reward_mean"),
+                "meals": per_step(own, "train", "meals_mean"),
+                "deadlock_rate": per_step(own, "train", "deadlock_rate"),
+                "zero_std_groups": {r["step"] - 1: r["zero_std_groups"] for r in ckpts},
+            },
+            "val": {
+                "reward_own": per_step(own, "val", "reward_mean"),
+                "reward_paper": per_step(scored["paper"], "val", "reward_mean"),
+                "meals": val_meals,
+                "deadlock_rate": val_dl,
+            },
+            "selection": {
+                "by": "val", "metric": f"reward ({variant})", "best_step": best,
+                "best_score": sel["score"], "best_ci": sel["ci"], "last_step": last,
+                "last_score": sel["last_score"], "last_rank": sel["last_rank"],
+                "candidates": sel["candidates"],
+                "cost_of_keeping_last": sel["score"] - sel["last_score"],
+                "best_val_meals": val_meals[best], "last_val_meals": val_meals[last],
+                "best_val_deadlock_rate": val_dl[best], "last_val_deadlock_rate": val_dl[last],
+            },
         }
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary["by_reward"] = aggregate(summary["runs"], args.steps)
+    summary["seconds_total"] = round(time.monotonic() - t0)
+    # The small artefacts the README cites: checkpoint records (all seeds of a reward in one
+    # file; `run` tells them apart), the selections, the numbers and the plot.
+    for variant in VARIANTS:
+        with (args.out / f"ckpts-{variant}.jsonl").open("w") as f:
+            for name, (v, _) in runs.items():
+                if v == variant:
+                    f.write((args.work / f"ckpts-{name}.jsonl").read_text())
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    plot(summary, args, args.out / "train_curve.png")
+    print(json.dumps(summary["by_reward"], indent=1))
+    print(f"total {summary['seconds_total']}s", file=sys.stderr)
 
+
+def aggregate(runs: dict, steps: int) -> dict:
+    """Per training reward, means over seeds of the first and last quarter of training."""
+    k = max(1, steps // 4)
+    out = {}
+    for variant in VARIANTS:
+        rs = [r for r in runs.values() if r["train_reward"] == variant]
+
+        def window(section: str, field: str, lo: int, hi: int, rs=rs) -> float:
+            return mean(v for r in rs for s, v in r[section][field].items() if lo <= int(s) < hi)
+
+        out[variant] = {
+            f"train_first_{k}_steps": {f: window("train", f, 0, k) for f in
+                                       ("reward_paper", "reward_shaped", "meals", "deadlock_rate")},
+            f"train_last_{k}_steps": {f: window("train", f, steps - k, steps) for f in
+                                      ("reward_paper", "reward_shaped", "meals", "deadlock_rate")},
+            "best_steps": [r["selection"]["best_step"] for r in rs],
+            "cost_of_keeping_last": [r["selection"]["cost_of_keeping_last"] for r in rs],
+            "val_meals_best": [r["selection"]["best_val_meals"] for r in rs],
+            "val_meals_last": [r["selection"]["last_val_meals"] for r in rs],
+        }
+    return out
+
+
+def plot(summary: dict, args: argparse.Namespace, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for v, colour in (("paper", "tab:blue"), ("shaped", "tab:orange")):
-        s = summary[v]
-        steps = list(range(1, len(s["train_reward"]) + 1))
-        axes[0].plot(steps, s["train_reward"], marker="o", color=colour, label=f"{v} (train)")
-        axes[0].plot(steps, s["val_reward"], ls="--", color=colour, label=f"{v} (held-out)")
-        axes[0].axvline(s["best_val_step"], color=colour, ls=":", lw=1)
-        axes[1].plot(steps, s["val_meals_mean"], marker="o", color=colour, label=v)
-        axes[2].plot(steps, s["zero_std_groups"], marker="o", color=colour, label=v)
-    axes[0].set_title("reward per step (own variant); dotted: best step")
-    axes[1].set_title("held-out meals per episode")
-    axes[2].set_title(f"groups with no signal (of {args.groups})")
-    for ax in axes:
-        ax.set_xlabel("step")
-        ax.legend(fontsize=8)
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.6))
+    panels = [
+        (axes[0, 0], "train", "reward_paper", "training reward, scored with the PAPER reward"),
+        (axes[0, 1], "train", "reward_shaped", "training reward, scored with the SHAPED reward"),
+        (axes[0, 2], "val", "reward_own", "held-out reward (own training reward)"),
+        (axes[1, 0], "train", "meals", "meals per training episode"),
+        (axes[1, 1], "train", "deadlock_rate", "deadlock rate, training episodes"),
+        (axes[1, 2], "val", "meals", "held-out meals per episode"),
+    ]
+    base = summary["base_val"]
+    for ax, section, field, title in panels:
+        for variant in VARIANTS:
+            rs = [r for r in summary["runs"].values() if r["train_reward"] == variant]
+            colour = COLOURS[variant]
+            series = []
+            for r in rs:
+                data = {int(s): v for s, v in r[section][field].items()}
+                if section == "val":  # step 0 is the shared base model
+                    data[0] = base[variant]["reward"] if field == "reward_own" else base[variant][
+                        "meals"]
+                xs = sorted(data)
+                series.append([data[x] for x in xs])
+                ax.plot(xs, [data[x] for x in xs], color=colour, alpha=0.35, lw=1)
+                if section == "val":
+                    sel = r["selection"]
+                    ax.plot(sel["best_step"], data[sel["best_step"]], marker="*", ms=13,
+                            color=colour, mec="black", ls="none")
+                    ax.plot(sel["last_step"], data[sel["last_step"]], marker="s", ms=6,
+                            color=colour, mec="black", ls="none")
+            ax.plot(xs, [mean(col) for col in zip(*series, strict=True)], color=colour, lw=2.2, marker="o",
+                    ms=3, label=f"trained on {variant} (mean of {len(rs)} seeds)")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("adapter step")
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=8)
+    axes[0, 2].plot([], [], marker="*", ms=11, color="grey", mec="black", ls="none",
+                    label="kept by dphil-ckpt-select --by val")
+    axes[0, 2].plot([], [], marker="s", ms=6, color="grey", mec="black", ls="none",
+                    label="last step")
+    axes[0, 2].legend(fontsize=8)
     fig.suptitle(
-        f"tiny random Qwen3 (CPU), peft LoRA r=8, N={args.n}, {args.rounds} rounds, "
-        f"{args.groups}x{args.group_size} episodes/step"
+        f"GRPO (dphil-train --backend peft, LoRA r=8) on a tiny RANDOM Qwen3, CPU: N={args.n}, "
+        f"{args.rounds} rounds, {args.groups}x{args.group_size} episodes/step, lr {args.lr}; "
+        f"thin: single seeds, thick: mean; val: {args.val_seeds} every {args.val_every} steps",
+        fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(args.out / "train_curve.png", dpi=110)
-    print(
-        json.dumps({v: {k: summary[v][k] for k in ("best_val_step", "last_step")} for v in summary})
-    )
+    fig.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":

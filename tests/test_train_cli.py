@@ -340,3 +340,18 @@ def test_installed_command_through_a_real_pipe(tiny, prompt_file, tmp_path):
     (record,) = [json.loads(x) for x in proc.stdout.decode().splitlines()]
     assert record["kind"] == "checkpoint" and record["step"] == 1
     assert proc.stderr.decode().strip() == "" or "warn" in proc.stderr.decode().lower()
+
+
+def test_two_runs_of_the_same_command_train_the_same_adapter(tiny, prompt_file, tmp_path):
+    """LoRA initialisation, scenarios and sampling are all seeded: same command, same weights."""
+    outs = []
+    for name in ("a", "b"):
+        result, records = invoke(base_args(tiny, prompt_file, tmp_path / name, "--steps", "2", "--run", "same"))
+        assert result.exit_code == 0, result.stderr
+        outs.append(records)
+    a, b = outs
+    assert [r["train_reward"] for r in a] == [r["train_reward"] for r in b]
+    for ra, rb in zip(a, b, strict=True):
+        wa = (Path(ra["path"]) / "adapter_model.safetensors").read_bytes()
+        wb = (Path(rb["path"]) / "adapter_model.safetensors").read_bytes()
+        assert wa == wb

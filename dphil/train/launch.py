@@ -20,6 +20,7 @@ from .loop import (
     Progress,
     TrainConfig,
     default_val_seeds,
+    derive_seed,
     load_journal,
     run_training,
     trim_episodes,
@@ -151,6 +152,7 @@ def make_backend_factory(cfg: TrainConfig, opts: dict[str, Any]):
             device=opts["device"],
             dtype=opts["dtype"],
             micro_batch=opts["micro_batch"],
+            init_seed=derive_seed("lora-init", cfg.seed),
         )
         return lambda resume_from: PeftBackend(settings, resume_from=resume_from)
     from .art_backend import ArtBackend, ArtSettings

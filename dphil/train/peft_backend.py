@@ -44,6 +44,7 @@ class PeftSettings:
     device: str = "auto"
     dtype: str = "auto"
     micro_batch: int = 16
+    init_seed: int = 0  # seeds the LoRA A matrices, drawn from torch's global generator
 
 
 @dataclass
@@ -86,6 +87,9 @@ class PeftBackend:
                 target_modules=list(LORA_TARGETS),
                 task_type="CAUSAL_LM",
             )
+            # peft initialises LoRA from torch's global generator: seed it, or two runs of the
+            # same command start from different adapters.
+            torch.manual_seed(settings.init_seed)
             self.lm.model = peft.get_peft_model(self.lm.model, config)
         params = [p for p in self.lm.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=0.0)
