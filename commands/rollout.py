@@ -111,7 +111,7 @@ def main(models, sizes, episodes, seed, seeds, rounds, protocol, schedule, confl
          tpm, timeout, retries, max_errors, cost_limit, adapter, checkpoint_files, checkpoint_run, decode,
          temperature, device, batch, threads, quiet):
     from dphil.errors import UsageError
-    from dphil.rollout import RolloutRequest, parse_int_list, parse_shard, run_request
+    from dphil.rollout import Grid, RolloutRequest, parse_int_list, parse_shard, run_request
 
     def body(console):
         table_sizes = parse_int_list(sizes, "-n")
@@ -119,11 +119,13 @@ def main(models, sizes, episodes, seed, seeds, rounds, protocol, schedule, confl
             raise UsageError("-n: a table needs at least 2 philosophers")
         if not models and not checkpoint_files:
             raise UsageError("Missing option '-m' / '--model' (or --checkpoints FILE)")
-        request = RolloutRequest(
+        grid = Grid(
             models=list(models), sizes=table_sizes,
             seeds=parse_int_list(seeds, "--seeds") if seeds else list(range(seed, seed + episodes)),
-            rounds=rounds, protocol=protocol, schedule=schedule, conflict=conflict,
-            deadlock_mode=deadlock_mode, output=output, resume=resume, shard=parse_shard(shard),
+            rounds=rounds, protocol=protocol, schedule=schedule, conflict=conflict, deadlock_mode=deadlock_mode,
+        )
+        request = RolloutRequest(
+            grid=grid, output=output, resume=resume, shard=parse_shard(shard),
             registries=registries, prompt=prompt, prompt_file=prompt_file, memory=memory, talk=talk,
             limits={"concurrency": concurrency, "rpm": rpm, "tpm": tpm, "timeout": timeout, "retries": retries},
             max_errors=max_errors, cost_limit=cost_limit, adapter=adapter, checkpoints=checkpoint_files,

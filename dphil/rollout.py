@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import orjson
@@ -189,16 +189,12 @@ def run_scripted(
 
 @dataclass
 class RolloutRequest:
-    """Everything one `dphil-rollout` invocation asks for, independent of the command line."""
+    """Everything one `dphil-rollout` invocation asks for, independent of the command line.
 
-    models: list[str]
-    sizes: list[int]
-    seeds: list[int]
-    rounds: int = 5
-    protocol: str = "paper"
-    schedule: str = "simultaneous"
-    conflict: str = "random"
-    deadlock_mode: str = "terminal"
+    `grid` holds the models as given (scripted, API and hf: alike) and the table settings.
+    """
+
+    grid: Grid
     output: str | None = None
     resume: bool = False
     shard: tuple[int, int] | None = None
@@ -229,33 +225,32 @@ def run_request(req: RolloutRequest, console) -> int:
     from .jsonl import RecordWriter
     from .policies import POLICIES
 
-    for model in req.models:
+    models = req.grid.models
+    for model in models:
         if is_scripted(model) and scripted_name(model) not in POLICIES:
             known = ", ".join(f"scripted:{p}" for p in POLICIES)
             raise UsageError(f"unknown scripted policy {model!r} (known: {known})")
         if is_local(model) and len(model) == 3:
             raise UsageError("-m hf:PATH needs a model directory after 'hf:'")
-    if req.adapter is not None and not any(is_local(m) for m in req.models):
+    if req.adapter is not None and not any(is_local(m) for m in models):
         raise UsageError("--adapter applies to local models: add -m hf:PATH")
-    api_models = [m for m in dict.fromkeys(req.models) if not is_scripted(m) and not is_local(m)]
+    api_models = [m for m in dict.fromkeys(models) if not is_scripted(m) and not is_local(m)]
     plan = None
     if api_models:
         from .agents.runner import plan_models
 
         plan = plan_models(api_models, registry_files=req.registries, prompt=req.prompt,
                            prompt_file=req.prompt_file, memory=req.memory, talk=req.talk)
-    local_entries = [LocalEntry(m, adapter=req.adapter) for m in dict.fromkeys(req.models) if is_local(m)]
+    local_entries = [LocalEntry(m, adapter=req.adapter) for m in dict.fromkeys(models) if is_local(m)]
     if req.checkpoints:
         local_entries += checkpoint_entries(req.checkpoints, run=req.checkpoint_run)
     local_settings = LocalSettings(prompt=req.prompt, prompt_file=req.prompt_file, memory=req.memory,
                                    **req.local) if local_entries else None
 
-    table = {"sizes": req.sizes, "seeds": req.seeds, "rounds": req.rounds, "protocol": req.protocol,
-             "schedule": req.schedule, "conflict": req.conflict, "deadlock_mode": req.deadlock_mode}
-    plain = [m for m in req.models if not is_local(m)]
-    grid = Grid(models=plain, variants=plan.variants if plan else {}, **table)
+    plain = [m for m in models if not is_local(m)]
+    grid = replace(req.grid, models=plain, variants=plan.variants if plan else {})
     local_grids = [
-        (entry, Grid(models=[entry.model], variant={**local_settings.variant(), **entry.variant()}, **table))
+        (entry, replace(req.grid, models=[entry.model], variant={**local_settings.variant(), **entry.variant()}))
         for entry in local_entries
     ] if local_settings else []
 
@@ -292,7 +287,7 @@ def run_request(req: RolloutRequest, console) -> int:
             else:
                 api_configs.append(config)
 
-    cells = (len(plain) + len(local_grids)) * len(req.sizes) * len(req.seeds)
+    cells = (len(plain) + len(local_grids)) * len(grid.sizes) * len(grid.seeds)
     total = len(range(req.shard[0], cells, req.shard[1])) if req.shard else cells
 
     writer = RecordWriter(req.output, mode="append", line_buffered=bool(plan or local_grids))
