@@ -1,7 +1,9 @@
 """Engine throughput: scripted episodes per second, JSONL writing included, on one core.
 
 Target (issue 2): at least 20,000 episodes/s at N=5, R=5, and time per episode
-linear in N*R up to N=1,000. Run: python bench/bench_engine.py [--quick]
+linear in N*R up to N=1,000. Each figure is the best of three repeats, so that
+other work on a shared machine does not decide it; pin a core for stable
+numbers: taskset -c 0 python bench/bench_engine.py [--quick]
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from dphil.records import EpisodeConfig
 
 
 def rate(policy_name: str, n: int, rounds: int, episodes: int, schedule: str = "simultaneous") -> float:
+    return max(once(policy_name, n, rounds, episodes, schedule) for _ in range(3))
+
+
+def once(policy_name: str, n: int, rounds: int, episodes: int, schedule: str) -> float:
     policy = get_policy(policy_name)
     fd = os.open(os.devnull, os.O_WRONLY)
     chunks: list[bytes] = []

@@ -48,6 +48,9 @@ def bare(src: str, dst: str) -> float:
 
 
 def dphil_score(src: str, dst: str) -> float:
+    from dphil.episode import _cache
+
+    _cache.clear()  # every timed run starts cold, as a fresh dphil-score process does
     spec = RewardSpec(variant="shaped")
     start = time.perf_counter()
     reader = RecordReader([src])

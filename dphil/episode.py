@@ -11,9 +11,12 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from .errors import DataError
 from .policies import Policy
 from .records import EpisodeConfig, episode_record
+from .reward import action_counts
 from .table import Resolver, Table, lowest_id, random_resolver
 
 # The policy's random stream is kept apart from the table's conflict coin so
@@ -60,6 +63,7 @@ class Outcome:
     deadlock: bool
     deadlock_round: int | None
     rounds_played: int
+    counts: tuple[int, int, int]  # (null, idle, all) actions, for the reward's idle term
 
 
 _CACHE_SIZE = 65536
@@ -72,17 +76,21 @@ def replay(record: dict[str, Any]) -> Outcome:
     Replay is a pure function of the table configuration and the recorded
     turns, and scripted or degenerate runs repeat the same turn sequences many
     times, so identical episodes are checked once. The key holds every field
-    the check reads (types included, so `ok: 1` never passes for `ok: true`).
+    the check reads, the turns as their JSON bytes (so `ok: 1` never matches
+    `ok: true`).
     """
+    turns = record.get("turns")
+    if not turns or type(turns[0]) is not dict or len(turns[0]) != 5:
+        # Model runs carry replies and usage in their turns: such records never repeat.
+        return _replay(record)
     try:
         key = (
             record["n"], record["rounds"], record["protocol"], record["schedule"],
             record.get("conflict"), record.get("deadlock_mode", "terminal"),
-            *[(t["round"], t["philosopher"], t["action"], t["ok"], type(t["ok"]), t["reason"])
-              for t in record["turns"]],
+            orjson.dumps(turns),  # canonical enough: equal bytes mean equal turns, types included
         )
         cached = _cache.get(key)
-    except (KeyError, TypeError):  # malformed turns: let the full replay say exactly what is wrong
+    except (KeyError, TypeError, orjson.JSONEncodeError):  # malformed: let the full replay say what is wrong
         return _replay(record)
     if cached is None:
         cached = _replay(record)
@@ -90,6 +98,10 @@ def replay(record: dict[str, Any]) -> Outcome:
             _cache.clear()
         _cache[key] = cached
     return cached
+
+
+class _Recheck(Exception):
+    """The quick pass met something it does not explain; the careful pass will."""
 
 
 def _replay(record: dict[str, Any]) -> Outcome:
@@ -100,7 +112,17 @@ def _replay(record: dict[str, Any]) -> Outcome:
     whichever contender the record says won; everything else (failures,
     meals, deadlock, when the episode ends) must follow from the rules.
     Raises DataError on the first disagreement.
+
+    A quick pass checks whole rounds at once; only when it finds anything
+    amiss does a careful pass run, turn by turn, to say exactly what.
     """
+    try:
+        return _replay_pass(record, careful=False)
+    except (_Recheck, DataError, KeyError, TypeError, IndexError, ValueError):
+        return _replay_pass(record, careful=True)
+
+
+def _replay_pass(record: dict[str, Any], *, careful: bool) -> Outcome:
     n, rounds = record["n"], record["rounds"]
     turns = record["turns"]
     chunk: list = []
@@ -131,8 +153,13 @@ def _replay(record: dict[str, Any]) -> Outcome:
             raise DataError(f"the episode ended at round {r} but turns[{k}] continues it")
         chunk = turns[k:k + n]
         actions: list = [None] * n
+        if not careful:
+            if len(chunk) < n:
+                raise _Recheck
+            for t in chunk:
+                actions[t["philosopher"]] = t["action"]
         seen = 0
-        for j, t in enumerate(chunk, k):
+        for j, t in enumerate(chunk if careful else (), k):
             try:
                 i = t["philosopher"]
                 if t["round"] != r:
@@ -148,23 +175,35 @@ def _replay(record: dict[str, Any]) -> Outcome:
             if seen >> i & 1:
                 raise DataError(f"philosopher {i} acts twice in round {r}")
             seen |= 1 << i
-        if len(chunk) < n:
+        if careful and len(chunk) < n:
             missing = [i for i in range(n) if not seen >> i & 1]
             raise DataError(f"round {r}: no turn for philosopher(s) {missing}")
         try:
             if simultaneous:
-                results = table.resolve_round(table.codes_of(actions))
+                got_turns = table.resolve_round(actions)
             else:
-                results = [(i, *table.apply_code(i, code)) for i, code in enumerate(table.codes_of(actions))]
+                got_turns = []
+                for i, code in enumerate(table.codes_of(actions)):
+                    ok, reason = table.apply_code(i, code)
+                    got_turns.append({"round": r, "philosopher": i, "action": actions[i], "ok": ok,
+                                      "reason": reason})
         except ValueError as e:
             raise DataError(f"round {r}: {e}") from None
-        for j, (want, (i, ok, reason)) in enumerate(zip(chunk, results, strict=True), k):
+        if chunk == got_turns:  # a scripted record's round: the whole list compares in C
+            table.end_round()
+            k += n
+            continue
+        for j, (want, got) in enumerate(zip(chunk, got_turns, strict=True), k):
+            if want == got:
+                continue
+            if not careful and want.get("round") != r:
+                raise _Recheck
             try:
-                same = want["philosopher"] == i and want["ok"] is ok and want["reason"] == reason
+                same = (want["philosopher"] == got["philosopher"] and want["ok"] is got["ok"]
+                        and want["reason"] == got["reason"])
             except KeyError as e:
                 raise DataError(f"turns[{j}] is missing field {e.args[0]!r}") from None
             if not same:
-                got = {"round": r, "philosopher": i, "action": actions[i], "ok": ok, "reason": reason}
                 raise DataError(
                     f"turns[{j}] disagrees with the table: recorded {_turn_text(want)}, "
                     f"replay gives {_turn_text(got)}"
@@ -180,6 +219,7 @@ def _replay(record: dict[str, Any]) -> Outcome:
         deadlock=bool(dl),
         deadlock_round=dl[0] if dl else None,
         rounds_played=table.round if total else 0,
+        counts=action_counts(turns, record["protocol"]),
     )
 
 

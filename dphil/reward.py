@@ -55,14 +55,16 @@ def score(
     deadlock: bool,
     deadlock_round: int | None,
     rounds_played: int,
-    turns: list[dict],
+    turns: list[dict] | None = None,
+    counts: tuple[int, int, int] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Return the `reward` and `metrics` objects for one episode outcome."""
+    """Return the `reward` and `metrics` objects for one episode outcome.
+
+    The idle term needs only `action_counts(turns, protocol)`; pass `counts` when
+    they are already known (replay computes them) instead of `turns`.
+    """
     total_meals = sum(meals)
-    actions = [t["action"] for t in turns]
-    null_turns = actions.count(None)
-    idle_turns = actions.count(IDLE_ACTION[protocol])
-    all_turns = len(actions)
+    null_turns, idle_turns, all_turns = counts if counts is not None else action_counts(turns or [], protocol)
     if spec.variant == "paper":
         no_deadlock = 0.0 if deadlock else 1.0
         acted = all_turns - null_turns
@@ -93,6 +95,12 @@ def score(
         "time_to_deadlock": deadlock_round,
     }
     return reward, metrics
+
+
+def action_counts(turns: list[dict], protocol: str) -> tuple[int, int, int]:
+    """(null actions, idle actions, all turns): what the idle term is made of."""
+    actions = [t["action"] for t in turns]
+    return actions.count(None), actions.count(IDLE_ACTION[protocol]), len(actions)
 
 
 def variance(meals: list[int]) -> float:

@@ -11,7 +11,7 @@ from typing import Any
 from .episode import replay
 from .errors import DataError
 from .records import check_episode
-from .reward import RewardSpec, score
+from .reward import RewardSpec, action_counts, score
 
 
 def score_record(record: dict[str, Any], spec: RewardSpec, *, trust_outcome: bool = False) -> dict[str, Any]:
@@ -23,10 +23,10 @@ def score_record(record: dict[str, Any], spec: RewardSpec, *, trust_outcome: boo
         return record
     if trust_outcome:
         meals, deadlock, deadlock_round, rounds_played = _recorded_outcome(record)
-        turns = record["turns"]
-        for k, t in enumerate(turns):
+        for k, t in enumerate(record["turns"]):
             if not isinstance(t, dict) or "action" not in t:
                 raise DataError(f"turns[{k}] is missing field 'action'")
+        counts = action_counts(record["turns"], record["protocol"])
     else:
         if not record["turns"]:
             raise DataError("a complete episode has no turns")
@@ -37,7 +37,7 @@ def score_record(record: dict[str, Any], spec: RewardSpec, *, trust_outcome: boo
         _agree(record, "deadlock", deadlock)
         _agree(record, "deadlock_round", deadlock_round)
         _agree(record, "rounds_played", rounds_played)
-        turns = record["turns"]
+        counts = outcome.counts
     reward, metrics = score(
         spec,
         protocol=record["protocol"],
@@ -47,7 +47,7 @@ def score_record(record: dict[str, Any], spec: RewardSpec, *, trust_outcome: boo
         deadlock=deadlock,
         deadlock_round=deadlock_round,
         rounds_played=rounds_played,
-        turns=turns,
+        counts=counts,
     )
     record["reward"] = reward
     record["metrics"] = metrics

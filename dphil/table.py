@@ -243,19 +243,22 @@ class Table:
             bad = next(a for a in actions if a is not None and a not in table)
             raise ValueError(f"{bad!r} is not a {self.protocol} action") from None
 
-    def resolve_round(self, codes: list[int]) -> list[tuple[int, bool, str | None]]:
-        """Apply one simultaneous round to the forks; return (philosopher, ok, reason) in effect order.
+    def resolve_round(self, actions: Sequence[str | None]) -> list[dict]:
+        """Apply one simultaneous round to the forks; return its turns in the order they took effect.
 
         Releases apply first; pick-ups are then resolved against the table as
         the releases left it, two neighbours reaching for the same free fork
         being settled by the conflict resolver; eating, idling and no-ops
-        follow. Does not record turns or end the round (see play_simultaneous).
+        follow. Does not record the turns or end the round (see play_simultaneous).
         """
         n = self.n
-        if len(codes) != n:
-            raise ValueError(f"expected {n} actions, got {len(codes)}")
+        if len(actions) != n:
+            raise ValueError(f"expected {n} actions, got {len(actions)}")
+        codes = self.codes_of(actions)
+        r = self.round
+        holder = self.holder
         apply = self.apply_code
-        results: list[tuple[int, bool, str | None]] = []
+        turns: list[dict] = []
         picks: list[int] = []
         rest: list[int] = []
         for i in range(n):
@@ -263,11 +266,11 @@ class Table:
             if c <= PICK_RIGHT:
                 picks.append(i)
             elif c <= PUT_ALL:
-                results.append((i, *apply(i, c)))
+                ok, reason = apply(i, c)
+                turns.append({"round": r, "philosopher": i, "action": actions[i], "ok": ok, "reason": reason})
             else:
                 rest.append(i)
         if picks:
-            holder = self.holder
             losers: set[int] = set()
             for i in picks:
                 # Fork f is contested when its right-hand user i reaches right and its
@@ -276,36 +279,42 @@ class Table:
                     f = i + 1 if i + 1 < n else 0
                     if codes[f] == PICK_LEFT and holder[f] == FREE:
                         a, b = (i, f) if i < f else (f, i)
-                        losers.add(b if self._resolve(self.round, f, a, b) == a else a)
+                        losers.add(b if self._resolve(r, f, a, b) == a else a)
             for i in picks:
                 if i in losers:
-                    results.append((i, False, LOST_CONFLICT))
+                    ok, reason = False, LOST_CONFLICT
                 else:
-                    results.append((i, *apply(i, codes[i])))
+                    f = i if codes[i] == PICK_LEFT else (i + 1 if i + 1 < n else 0)
+                    h = holder[f]
+                    if h == FREE:
+                        holder[f] = i
+                        ok, reason = True, None
+                    else:
+                        ok, reason = False, (ALREADY_HELD if h == i else HELD_BY_NEIGHBOUR)
+                turns.append({"round": r, "philosopher": i, "action": actions[i], "ok": ok, "reason": reason})
         for i in rest:
             c = codes[i]
             if c == IDLE:
-                results.append((i, True, None))
+                ok, reason = True, None
             elif c == NOOP:
-                results.append((i, False, NO_ACTION))
+                ok, reason = False, NO_ACTION
             else:
-                results.append((i, *apply(i, c)))
-        return results
+                ok, reason = apply(i, c)
+            turns.append({"round": r, "philosopher": i, "action": actions[i], "ok": ok, "reason": reason})
+        return turns
 
     def play_simultaneous(
         self, actions: Sequence[str | None], extras: Sequence[dict | None] | None = None
     ) -> None:
         """Play one round in which everyone chose from the same snapshot, and record its turns."""
-        results = self.resolve_round(self.codes_of(actions))
-        r = self.round
-        turns = self.turns
+        turns = self.resolve_round(actions)
         last = self.last
-        for i, ok, reason in results:
-            turn = {"round": r, "philosopher": i, "action": actions[i], "ok": ok, "reason": reason}
+        for turn in turns:
+            i = turn["philosopher"]
             if extras is not None and extras[i]:
                 turn.update(extras[i])
-            turns.append(turn)
             last[i] = turn
+        self.turns.extend(turns)
         self.end_round()
 
     # -- the end of every round ---------------------------------------------------
