@@ -11,7 +11,9 @@ null actions as idle, so doing nothing scores -delta.
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 VARIANTS = ("paper", "shaped")
@@ -73,7 +75,7 @@ def score(
         no_deadlock = 1.0 if (not deadlock and total_meals >= spec.min_meals) else 0.0
         idle = (idle_turns + null_turns) / all_turns if all_turns else 0.0
     throughput = total_meals / (n * rounds)
-    fairness = variance(meals)
+    fairness, gini, starvation = meal_stats(tuple(meals))
     total = spec.alpha * no_deadlock + spec.beta * throughput - spec.gamma * fairness - spec.delta * idle
     reward = {
         "variant": spec.variant,
@@ -90,11 +92,17 @@ def score(
         reward["min_meals"] = spec.min_meals
     metrics = {
         "throughput_per_round": total_meals / rounds_played if rounds_played else 0.0,
-        "gini_fairness": gini_fairness(meals),
-        "starvation": meals.count(0),
+        "gini_fairness": gini,
+        "starvation": starvation,
         "time_to_deadlock": deadlock_round,
     }
     return reward, metrics
+
+
+@lru_cache(maxsize=8192)
+def meal_stats(meals: tuple[int, ...]) -> tuple[float, float, int]:
+    """(variance, gini_fairness, starvation) of a meal vector; few distinct vectors occur, so cached."""
+    return variance(meals), gini_fairness(meals), meals.count(0)
 
 
 def action_counts(turns: list[dict], protocol: str) -> tuple[int, int, int]:
@@ -103,14 +111,14 @@ def action_counts(turns: list[dict], protocol: str) -> tuple[int, int, int]:
     return actions.count(None), actions.count(IDLE_ACTION[protocol]), len(actions)
 
 
-def variance(meals: list[int]) -> float:
+def variance(meals: Sequence[int]) -> float:
     """Population variance (ddof 0) of integer meal counts, computed exactly in integers."""
     n = len(meals)
     total = sum(meals)
     return (n * sum(map(operator.mul, meals, meals)) - total * total) / (n * n)
 
 
-def gini_fairness(meals: list[int]) -> float:
+def gini_fairness(meals: Sequence[int]) -> float:
     """1 - normalised Gini coefficient of meals: 1.0 is perfectly even (and all-zero tables).
 
     The Gini coefficient is normalised by its maximum for n people, (n-1)/n,
