@@ -281,16 +281,7 @@ class Table:
                         a, b = (i, f) if i < f else (f, i)
                         losers.add(b if self._resolve(r, f, a, b) == a else a)
             for i in picks:
-                if i in losers:
-                    ok, reason = False, LOST_CONFLICT
-                else:
-                    f = i if codes[i] == PICK_LEFT else (i + 1 if i + 1 < n else 0)
-                    h = holder[f]
-                    if h == FREE:
-                        holder[f] = i
-                        ok, reason = True, None
-                    else:
-                        ok, reason = False, (ALREADY_HELD if h == i else HELD_BY_NEIGHBOUR)
+                ok, reason = (False, LOST_CONFLICT) if i in losers else apply(i, codes[i])
                 turns.append({"round": r, "philosopher": i, "action": actions[i], "ok": ok, "reason": reason})
         for i in rest:
             c = codes[i]
