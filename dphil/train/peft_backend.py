@@ -94,7 +94,7 @@ class PeftBackend:
         params = [p for p in self.lm.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=0.0)
         if resume_from is not None and (Path(resume_from) / OPTIMIZER_FILE).is_file():
-            state = torch.load(Path(resume_from) / OPTIMIZER_FILE, map_location="cpu")
+            state = torch.load(Path(resume_from) / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
             self.optimizer.load_state_dict(state)
             for group in self.optimizer.param_groups:
                 group["lr"] = settings.learning_rate
