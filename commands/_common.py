@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from dphil.console import Console, run
-from dphil.errors import EX_INTERRUPTED, EX_USAGE, UsageError
+from dphil.errors import EX_INTERRUPTED, EX_USAGE
 
 
 class DphilCommand(click.Command):
@@ -55,10 +55,6 @@ def execute(prog: str, quiet: bool, body: Callable[[Console], int | None]) -> in
     """Run a command body with its Console; return the exit status for click to use."""
     console = Console(prog, quiet=quiet)
     return run(console, lambda: body(console))
-
-
-def usage(message: str) -> UsageError:
-    return UsageError(message)
 
 
 # -- options shared by several commands -------------------------------------------------

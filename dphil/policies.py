@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from .table import FREE, PROTOCOLS, Table
+from .table import FREE, IDLE_ACTIONS, PROTOCOLS, Table
 
 _ACTIONS = {name: tuple(actions) for name, actions in PROTOCOLS.items()}
 
@@ -106,7 +106,7 @@ def idle(table: Table, i: int, rng: random.Random) -> str | None:
 
 def thinker(table: Table, i: int, rng: random.Random) -> str | None:
     """Always the explicit do-nothing action (`think`, or `wait` in dpbench)."""
-    return "think" if table.protocol == "paper" else "wait"
+    return IDLE_ACTIONS[table.protocol]
 
 
 def greedy(table: Table, i: int, rng: random.Random | None) -> str | None:
@@ -121,7 +121,7 @@ def greedy(table: Table, i: int, rng: random.Random | None) -> str | None:
     hl, hr = holder[i] == i, holder[right] == i
     paper = table.protocol == "paper"
     if hl and hr:
-        return "eat" if paper else "wait"
+        return "eat" if paper else "wait"  # eating, in dpbench, is waiting while holding both
     can_left = not hl and holder[i] == FREE
     can_right = not hr and holder[right] == FREE
     if can_left and can_right:
@@ -131,7 +131,7 @@ def greedy(table: Table, i: int, rng: random.Random | None) -> str | None:
         return "pick-up-left" if paper else "grab-left"
     if can_right:
         return "pick-up-right" if paper else "grab-right"
-    return "think" if paper else "wait"
+    return IDLE_ACTIONS[table.protocol]
 
 
 greedy.uses_rng = True  # type: ignore[attr-defined]

@@ -20,8 +20,6 @@ from .table import CONFLICTS, DEADLOCK_MODES, PROTOCOLS, SCHEDULES, Table
 
 SCHEMA_VERSION = 1
 
-# The fields that identify an episode: the same values give the same episode_id.
-IDENTITY_FIELDS = ("model", "n", "rounds", "seed", "protocol", "schedule", "conflict", "deadlock_mode")
 
 
 @dataclass(frozen=True)

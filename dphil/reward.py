@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from .table import IDLE_ACTIONS
+
 VARIANTS = ("paper", "shaped")
 # The action that counts as idling in each protocol.
-IDLE_ACTION = {"paper": "think", "dpbench": "wait"}
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def meal_stats(meals: tuple[int, ...]) -> tuple[float, float, int]:
 def action_counts(turns: list[dict], protocol: str) -> tuple[int, int, int]:
     """(null actions, idle actions, all turns): what the idle term is made of."""
     actions = [t["action"] for t in turns]
-    return actions.count(None), actions.count(IDLE_ACTION[protocol]), len(actions)
+    return actions.count(None), actions.count(IDLE_ACTIONS[protocol]), len(actions)
 
 
 def variance(meals: Sequence[int]) -> float:

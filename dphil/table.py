@@ -62,9 +62,8 @@ def protocol_actions(protocol: str) -> tuple[str, ...]:
     return _ACTIONS[protocol]
 
 
-def idle_action(protocol: str) -> str:
-    """The protocol's explicit do-nothing action (`think` or `wait`)."""
-    return "think" if protocol == "paper" else "wait"
+# Each protocol's explicit do-nothing action: the idle term of the reward counts it.
+IDLE_ACTIONS = {"paper": "think", "dpbench": "wait"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,9 +350,6 @@ class Table:
     def rounds_played(self) -> int:
         return self.round
 
-    def holds(self, i: int) -> int:
-        """How many forks philosopher i holds."""
-        return (self.holder[i] == i) + (self.holder[(i + 1) % self.n] == i)
 
 
 @lru_cache(maxsize=64)
