@@ -19,7 +19,6 @@ from typing import Any
 from .table import IDLE_ACTIONS
 
 VARIANTS = ("paper", "shaped")
-# The action that counts as idling in each protocol.
 
 
 @dataclass(frozen=True)
