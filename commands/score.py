@@ -44,7 +44,7 @@ def main(inputs, variant, shaped, alpha, beta, gamma, delta, min_meals, trust_ou
     from dphil.errors import DataError, UsageError
     from dphil.jsonl import RecordReader, RecordWriter
     from dphil.reward import RewardSpec
-    from dphil.scoring import score_record
+    from dphil.scoring import Scorer
 
     def body(console):
         if shaped and variant == "paper":
@@ -54,15 +54,16 @@ def main(inputs, variant, shaped, alpha, beta, gamma, delta, min_meals, trust_ou
                               gamma=gamma, delta=delta, min_meals=min_meals)
         except ValueError as e:
             raise UsageError(str(e)) from None
+        scorer = Scorer(spec, trust_outcome=trust_outcome)
         reader = RecordReader(inputs, on_error=on_error, warn=console.warn)
         with RecordWriter(output) as writer:
             for record in reader:
                 try:
-                    scored = score_record(record, spec, trust_outcome=trust_outcome)
+                    scored = scorer.line(record, reader.raw)
                 except DataError as e:
                     reader.reject(e)
                     continue
-                writer.write(scored)
+                writer.write_line(scored)
         if reader.skipped:
             console.error(f"skipped {reader.skipped} bad record(s)")
         return 0

@@ -72,7 +72,9 @@ class RecordReader:
     """Iterate JSON objects from several sources, knowing where each came from.
 
     With `on_error="skip"`, malformed lines (and records a command rejects via
-    `reject`) are counted in `skipped` instead of stopping the run.
+    `reject`) are counted in `skipped` instead of stopping the run. While a
+    record is being handled, `source`, `line` and `raw` (its line's bytes,
+    byte-order mark removed) say where it came from.
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class RecordReader:
         self.skipped = 0
         self.source = ""
         self.line = 0
+        self.raw = b""
         self._warn = warn
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -127,6 +130,7 @@ class RecordReader:
                     if type(record) is not dict:
                         self._fail(DataError(f"expected a JSON object, got {_json_type(record)}"))
                         continue
+                    self.raw = line
                     yield record
             finally:
                 if src != "-":

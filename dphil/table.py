@@ -47,6 +47,10 @@ NEEDS_BOTH_FORKS = "needs-both-forks"
 LOST_CONFLICT = "lost-conflict"
 NO_ACTION = "no-action"
 REASONS = (HELD_BY_NEIGHBOUR, ALREADY_HELD, NOT_HOLDING, NEEDS_BOTH_FORKS, LOST_CONFLICT, NO_ACTION)
+# A turn's outcome as a small int: OK, or 1 + the index of its reason in REASONS.
+OK = 0
+O_HELD_BY_NEIGHBOUR, O_ALREADY_HELD, O_NOT_HOLDING, O_NEEDS_BOTH_FORKS, O_LOST_CONFLICT, O_NO_ACTION = range(1, 7)
+_REASON_OF: tuple[str | None, ...] = (None, *REASONS)
 
 FREE = -1
 
@@ -55,6 +59,8 @@ Resolver = Callable[[int, int, int, int], int]
 
 
 _ACTIONS = {name: tuple(codes) for name, codes in PROTOCOLS.items()}
+# Each protocol's opcodes with "no action" (None) included, so a round maps in one C call.
+_OPCODES: dict[str, dict[str | None, int]] = {name: {**codes, None: NOOP} for name, codes in PROTOCOLS.items()}
 
 
 def protocol_actions(protocol: str) -> tuple[str, ...]:
@@ -98,6 +104,7 @@ class Table:
         "_codes",
         "_left_pattern",
         "_resolve",
+        "_right",
         "_right_pattern",
         "deadlock_mode",
         "deadlock_rounds",
@@ -135,7 +142,7 @@ class Table:
         self.rounds = rounds
         self.protocol = protocol
         self.deadlock_mode = deadlock_mode
-        self._codes = PROTOCOLS[protocol]
+        self._codes = _OPCODES[protocol]
         self._resolve = resolve or lowest_id
         self.holder = [FREE] * n
         self.meals = [0] * n
@@ -147,6 +154,7 @@ class Table:
         self.round = 1
         self.over = False
         self._left_pattern, self._right_pattern = _deadlock_patterns(n)
+        self._right = _right_forks(n)
 
     # -- what a philosopher sees -------------------------------------------------
     def observe(self, i: int) -> Observation:
@@ -173,56 +181,54 @@ class Table:
 
     def code(self, action: str | None) -> int:
         """The opcode of an action name; ValueError if the protocol has no such action."""
-        if action is None:
-            return NOOP
         try:
             return self._codes[action]
-        except KeyError:
+        except (KeyError, TypeError):
             raise ValueError(f"{action!r} is not a {self.protocol} action") from None
 
     # -- one philosopher acting alone (sequential schedule) -----------------------
     def act(self, i: int, action: str | None, extra: dict | None = None) -> dict:
         """Apply one philosopher's action immediately and record the turn."""
-        ok, reason = self.apply_code(i, self.code(action))
-        return self._record(i, action, ok, reason, extra)
+        out = self.apply_code(i, self.code(action))
+        return self._record(i, action, out == OK, _REASON_OF[out], extra)
 
-    def apply_code(self, i: int, code: int) -> tuple[bool, str | None]:
+    def apply_code(self, i: int, code: int) -> int:
+        """Apply one philosopher's action alone; return its outcome code (OK or why not)."""
         holder = self.holder
         if code == IDLE:
-            return True, None
+            return OK
         if code == NOOP:
-            return False, NO_ACTION
-        if code in (PICK_LEFT, PICK_RIGHT):
-            f = i if code == PICK_LEFT else (i + 1) % self.n
+            return O_NO_ACTION
+        if code <= PICK_RIGHT:
+            f = i if code == PICK_LEFT else self._right[i]
             h = holder[f]
             if h == FREE:
                 holder[f] = i
-                return True, None
-            return False, (ALREADY_HELD if h == i else HELD_BY_NEIGHBOUR)
-        if code in (PUT_LEFT, PUT_RIGHT):
-            f = i if code == PUT_LEFT else (i + 1) % self.n
+                return OK
+            return O_ALREADY_HELD if h == i else O_HELD_BY_NEIGHBOUR
+        if code <= PUT_RIGHT:
+            f = i if code == PUT_LEFT else self._right[i]
             if holder[f] == i:
                 holder[f] = FREE
-                return True, None
-            return False, NOT_HOLDING
+                return OK
+            return O_NOT_HOLDING
         if code == PUT_ALL:
-            r = (i + 1) % self.n
-            held = False
+            f = self._right[i]
+            out = O_NOT_HOLDING
             if holder[i] == i:
                 holder[i] = FREE
-                held = True
-            if holder[r] == i:
-                holder[r] = FREE
-                held = True
-            if held:
+                out = OK
+            if holder[f] == i:
+                holder[f] = FREE
+                out = OK
+            if out == OK:
                 self.eating[i] = False
-                return True, None
-            return False, NOT_HOLDING
+            return out
         # EAT
-        if holder[i] == i and holder[(i + 1) % self.n] == i:
+        if holder[i] == i and holder[self._right[i]] == i:
             self.meals[i] += 1
-            return True, None
-        return False, NEEDS_BOTH_FORKS
+            return OK
+        return O_NEEDS_BOTH_FORKS
 
     def _record(self, i: int, action: str | None, ok: bool, reason: str | None, extra) -> dict:
         turn = {"round": self.round, "philosopher": i, "action": action, "ok": ok, "reason": reason}
@@ -235,63 +241,120 @@ class Table:
     # -- everyone at once (simultaneous schedule) --------------------------------
     def codes_of(self, actions: Sequence[str | None]) -> list[int]:
         """Opcodes for one round's actions; ValueError names an action the protocol lacks."""
+        if len(actions) != self.n:
+            raise ValueError(f"expected {self.n} actions, got {len(actions)}")
         table = self._codes
         try:
-            return [NOOP if a is None else table[a] for a in actions]
+            return list(map(table.__getitem__, actions))
         except (KeyError, TypeError):
-            bad = next(a for a in actions if a is not None and a not in table)
-            raise ValueError(f"{bad!r} is not a {self.protocol} action") from None
+            for action in actions:
+                self.code(action)  # raises for the first action the protocol lacks
+            raise
 
-    def resolve_round(self, actions: Sequence[str | None]) -> list[dict]:
+    def resolve_round(self, actions: Sequence[str | None], *, copy: bool = True) -> list[dict]:
         """Apply one simultaneous round to the forks; return its turns in the order they took effect.
 
         Releases apply first; pick-ups are then resolved against the table as
         the releases left it, two neighbours reaching for the same free fork
         being settled by the conflict resolver; eating, idling and no-ops
         follow. Does not record the turns or end the round (see play_simultaneous).
+        With `copy=False` the turns are shared, read-only dicts: cheaper, for
+        comparing with recorded turns only.
         """
-        n = self.n
-        if len(actions) != n:
-            raise ValueError(f"expected {n} actions, got {len(actions)}")
-        codes = self.codes_of(actions)
+        turns = self._settle(self.codes_of(actions))
+        return [t.copy() for t in turns] if copy else turns
+
+    def _settle(self, codes: list[int]) -> list[dict]:
+        """The rules of a simultaneous round: apply `codes`, return the (shared) turn dicts in order.
+
+        This is the hot loop of both rollouts and replays, so the rules of
+        `apply_code` are written out here rather than called per philosopher;
+        a property test holds the two to the same outcomes.
+        """
         r = self.round
+        protocol = self.protocol
+        slots = _turn_slots(protocol, r, self.n)
         holder = self.holder
-        apply = self.apply_code
-        turns: list[dict] = []
+        right = self._right
+        settled: list[dict] = []
+        add = settled.append
         picks: list[int] = []
         rest: list[int] = []
-        for i in range(n):
-            c = codes[i]
+        for i, c in enumerate(codes):
             if c <= PICK_RIGHT:
                 picks.append(i)
-            elif c <= PUT_ALL:
-                ok, reason = apply(i, c)
-                turns.append({"round": r, "philosopher": i, "action": actions[i], "ok": ok, "reason": reason})
-            else:
+            elif c > PUT_ALL:
                 rest.append(i)
+            elif c == PUT_ALL:  # (dpbench) release every fork held
+                f = right[i]
+                out = O_NOT_HOLDING
+                if holder[i] == i:
+                    holder[i] = FREE
+                    out = OK
+                if holder[f] == i:
+                    holder[f] = FREE
+                    out = OK
+                if out == OK:
+                    self.eating[i] = False
+                add(slots[i][c][out] or _new_turn(slots, protocol, r, i, c, out))
+            else:  # put down one fork
+                f = i if c == PUT_LEFT else right[i]
+                if holder[f] == i:
+                    holder[f] = FREE
+                    add(slots[i][c][OK] or _new_turn(slots, protocol, r, i, c, OK))
+                else:
+                    add(slots[i][c][O_NOT_HOLDING] or _new_turn(slots, protocol, r, i, c, O_NOT_HOLDING))
         if picks:
-            losers: set[int] = set()
+            losers: tuple[int, ...] = ()
             for i in picks:
                 # Fork f is contested when its right-hand user i reaches right and its
                 # left-hand user f reaches left while it lies free.
                 if codes[i] == PICK_RIGHT:
-                    f = i + 1 if i + 1 < n else 0
+                    f = right[i]
                     if codes[f] == PICK_LEFT and holder[f] == FREE:
                         a, b = (i, f) if i < f else (f, i)
-                        losers.add(b if self._resolve(r, f, a, b) == a else a)
+                        losers = (*losers, b if self._resolve(r, f, a, b) == a else a)
             for i in picks:
-                ok, reason = (False, LOST_CONFLICT) if i in losers else apply(i, codes[i])
-                turns.append({"round": r, "philosopher": i, "action": actions[i], "ok": ok, "reason": reason})
+                c = codes[i]
+                if i in losers:
+                    add(slots[i][c][O_LOST_CONFLICT] or _new_turn(slots, protocol, r, i, c, O_LOST_CONFLICT))
+                    continue
+                f = i if c == PICK_LEFT else right[i]
+                h = holder[f]
+                if h == FREE:
+                    holder[f] = i
+                    add(slots[i][c][OK] or _new_turn(slots, protocol, r, i, c, OK))
+                else:
+                    out = O_ALREADY_HELD if h == i else O_HELD_BY_NEIGHBOUR
+                    add(slots[i][c][out] or _new_turn(slots, protocol, r, i, c, out))
         for i in rest:
             c = codes[i]
             if c == IDLE:
-                ok, reason = True, None
+                add(slots[i][c][OK] or _new_turn(slots, protocol, r, i, c, OK))
             elif c == NOOP:
-                ok, reason = False, NO_ACTION
+                add(slots[i][c][O_NO_ACTION] or _new_turn(slots, protocol, r, i, c, O_NO_ACTION))
+            elif holder[i] == i and holder[right[i]] == i:  # eat with both forks
+                self.meals[i] += 1
+                add(slots[i][c][OK] or _new_turn(slots, protocol, r, i, c, OK))
             else:
-                ok, reason = apply(i, c)
-            turns.append({"round": r, "philosopher": i, "action": actions[i], "ok": ok, "reason": reason})
-        return turns
+                add(slots[i][c][O_NEEDS_BOTH_FORKS] or _new_turn(slots, protocol, r, i, c, O_NEEDS_BOTH_FORKS))
+        return settled
+
+    def resolve_sequential_round(self, actions: Sequence[str | None], *, copy: bool = True) -> list[dict]:
+        """Apply one sequential round, philosophers 0..N-1 in turn; return its turns unrecorded.
+
+        The replay counterpart of calling `act` for each philosopher: nothing is
+        recorded and the round is not ended. `copy` as in `resolve_round`.
+        """
+        apply = self.apply_code
+        r = self.round
+        protocol = self.protocol
+        slots = _turn_slots(protocol, r, self.n)
+        turns = []
+        for i, c in enumerate(self.codes_of(actions)):
+            out = apply(i, c)
+            turns.append(slots[i][c][out] or _new_turn(slots, protocol, r, i, c, out))
+        return [t.copy() for t in turns] if copy else turns
 
     def play_simultaneous(
         self, actions: Sequence[str | None], extras: Sequence[dict | None] | None = None
@@ -352,6 +415,41 @@ class Table:
 
 
 
+# Building a five-key dict is the largest single cost of a round, so each distinct
+# turn of a (protocol, round) is built once and kept in a slot by [philosopher]
+# [opcode][outcome]: rollouts copy it out (a copy is half the price), replays
+# compare recorded turns with it without copying. Slots are never handed out
+# uncopied to code that could change them.
+_SLOTS: dict[tuple[str, int], list[list[list[dict | None]]]] = {}
+_SLOTS_LIMIT = 1 << 15  # philosopher-rounds kept, which bounds the memory held
+_slots_held = 0
+_NAMES = {protocol: tuple(next((a for a, c in codes.items() if c == k), None) for k in range(8))
+          for protocol, codes in PROTOCOLS.items()}
+
+
+def _turn_slots(protocol: str, rnd: int, n: int) -> list[list[list[dict | None]]]:
+    """The turn slots of one protocol's round, for at least n philosophers."""
+    global _slots_held
+    slots = _SLOTS.get((protocol, rnd))
+    if slots is None or len(slots) < n:
+        if _slots_held >= _SLOTS_LIMIT:
+            _SLOTS.clear()
+            _slots_held = 0
+            slots = None
+        have = slots or []
+        slots = have + [[[None] * 8 for _ in range(8)] for _ in range(len(have), n)]
+        _slots_held += n - len(have)
+        _SLOTS[(protocol, rnd)] = slots
+    return slots
+
+
+def _new_turn(slots: list, protocol: str, rnd: int, i: int, code: int, out: int) -> dict:
+    turn = {"round": rnd, "philosopher": i, "action": _NAMES[protocol][code], "ok": out == OK,
+            "reason": _REASON_OF[out]}
+    slots[i][code][out] = turn
+    return turn
+
+
 @lru_cache(maxsize=64)
 def _deadlock_patterns(n: int) -> tuple[list[int], list[int]]:
     """Fork holders when everyone holds exactly one fork: all their left ones, or all their right ones.
@@ -361,6 +459,12 @@ def _deadlock_patterns(n: int) -> tuple[list[int], list[int]]:
     two lists is the whole deadlock check. The lists are shared and never mutated.
     """
     return list(range(n)), [(f - 1) % n for f in range(n)]
+
+
+@lru_cache(maxsize=64)
+def _right_forks(n: int) -> list[int]:
+    """Philosopher i's right fork, (i+1) mod n, for every i; shared and never mutated."""
+    return [*range(1, n), 0]
 
 
 def lowest_id(_round: int, _fork: int, a: int, b: int) -> int:

@@ -123,3 +123,83 @@ def test_seeds_reproduce_episodes(cfg, policy_name):
     second = play(config, POLICIES[policy_name])
     assert first == second
     assert first["episode_id"] == EpisodeConfig(model=f"scripted:{policy_name}", **cfg).episode_id
+
+
+def settle_by_apply_code(t: Table, actions) -> list[tuple]:
+    """The simultaneous round rules spelled out with `apply_code`, one philosopher at a time.
+
+    The engine writes these rules out inline for speed; this is the slow, plain
+    statement they must agree with: releases in id order, then pick-ups (a fork
+    both neighbours reach for while it lies free goes to the resolver's winner),
+    then eating, thinking and no-ops.
+    """
+    from dphil.table import (
+        O_LOST_CONFLICT,
+        OK,
+        PICK_LEFT,
+        PICK_RIGHT,
+        PUT_ALL,
+        REASONS,
+    )
+
+    codes = [t.code(a) for a in actions]
+    n = t.n
+    out: list[tuple] = []
+
+    def record(i, o):
+        out.append((t.round, i, actions[i], o == OK, None if o == OK else REASONS[o - 1]))
+
+    for i in range(n):
+        if PICK_RIGHT < codes[i] <= PUT_ALL:
+            record(i, t.apply_code(i, codes[i]))
+    picks = [i for i in range(n) if codes[i] <= PICK_RIGHT]
+    losers = set()
+    for i in picks:
+        f = (i + 1) % n
+        if codes[i] == PICK_RIGHT and codes[f] == PICK_LEFT and t.holder[f] == FREE:
+            a, b = min(i, f), max(i, f)
+            losers.add(b if t._resolve(t.round, f, a, b) == a else a)
+    for i in picks:
+        record(i, O_LOST_CONFLICT if i in losers else t.apply_code(i, codes[i]))
+    for i in range(n):
+        if codes[i] > PUT_ALL:
+            record(i, t.apply_code(i, codes[i]))
+    return out
+
+
+@given(random_episodes(), st.data())
+def test_simultaneous_rounds_follow_apply_code(case, data):
+    cfg, script = case
+    n = cfg["n"]
+    holders = data.draw(st.lists(st.sampled_from(["free", "left", "right"]), min_size=n, max_size=n))
+    tables = []
+    for _ in range(2):
+        t = Table(n, cfg["rounds"], protocol=cfg["protocol"], resolve=random_resolver(cfg["seed"]))
+        for f, h in enumerate(holders):  # fork f starts free, with its left-hand user f, or right-hand f-1
+            t.holder[f] = {"free": FREE, "left": f, "right": (f - 1) % n}[h]
+        t.eating = [bool(i % 2) for i in range(n)]
+        tables.append(t)
+    engine, plain = tables
+    for actions in script:
+        got = [(x["round"], x["philosopher"], x["action"], x["ok"], x["reason"])
+               for x in engine.resolve_round(actions)]
+        assert got == settle_by_apply_code(plain, actions)
+        assert (engine.holder, engine.meals, engine.eating) == (plain.holder, plain.meals, plain.eating)
+        engine.end_round()
+        plain.end_round()
+        if engine.over:
+            break
+
+
+@given(random_episodes())
+def test_recorded_turns_are_the_records_own(case):
+    """Turn dicts are built once per distinct turn; what an episode records must still be its own."""
+    cfg, script = case
+    first = run_script(cfg, script)
+    for turn in first.turns:
+        turn["ok"] = "tampered"
+        turn["extra"] = 1
+    second = run_script(cfg, script)
+    assert all(turn["ok"] in (True, False) and "extra" not in turn for turn in second.turns)
+    replayed = Table(cfg["n"], cfg["rounds"], protocol=cfg["protocol"]).resolve_round(script[0])
+    assert all("extra" not in turn for turn in replayed)
