@@ -106,6 +106,7 @@ class Table:
         "_resolve",
         "_right",
         "_right_pattern",
+        "_slots",
         "deadlock_mode",
         "deadlock_rounds",
         "eating",
@@ -155,6 +156,7 @@ class Table:
         self.over = False
         self._left_pattern, self._right_pattern = _deadlock_patterns(n)
         self._right = _right_forks(n)
+        self._slots = _SLOTS[protocol]
 
     # -- what a philosopher sees -------------------------------------------------
     def observe(self, i: int) -> Observation:
@@ -261,19 +263,22 @@ class Table:
         With `copy=False` the turns are shared, read-only dicts: cheaper, for
         comparing with recorded turns only.
         """
-        turns = self._settle(self.codes_of(actions))
-        return [t.copy() for t in turns] if copy else turns
-
-    def _settle(self, codes: list[int]) -> list[dict]:
-        """The rules of a simultaneous round: apply `codes`, return the (shared) turn dicts in order.
-
-        This is the hot loop of both rollouts and replays, so the rules of
-        `apply_code` are written out here rather than called per philosopher;
-        a property test holds the two to the same outcomes.
-        """
+        n = self.n
+        if len(actions) != n:
+            raise ValueError(f"expected {n} actions, got {len(actions)}")
+        try:
+            codes = list(map(self._codes.__getitem__, actions))
+        except (KeyError, TypeError):
+            codes = self.codes_of(actions)  # raises, naming the action
+        # The rules are written out here rather than calling `apply_code` per
+        # philosopher: this is the hot loop of rollouts and replays. A property
+        # test holds the two to the same outcomes.
         r = self.round
         protocol = self.protocol
-        slots = _turn_slots(protocol, r, self.n)
+        by_round = self._slots
+        slots = by_round[r] if r < len(by_round) else None
+        if slots is None or len(slots) < n:
+            slots = _turn_slots(protocol, r, n)
         holder = self.holder
         right = self._right
         settled: list[dict] = []
@@ -338,7 +343,7 @@ class Table:
                 add(slots[i][c][OK] or _new_turn(slots, protocol, r, i, c, OK))
             else:
                 add(slots[i][c][O_NEEDS_BOTH_FORKS] or _new_turn(slots, protocol, r, i, c, O_NEEDS_BOTH_FORKS))
-        return settled
+        return [t.copy() for t in settled] if copy else settled
 
     def resolve_sequential_round(self, actions: Sequence[str | None], *, copy: bool = True) -> list[dict]:
         """Apply one sequential round, philosophers 0..N-1 in turn; return its turns unrecorded.
@@ -420,7 +425,7 @@ class Table:
 # [opcode][outcome]: rollouts copy it out (a copy is half the price), replays
 # compare recorded turns with it without copying. Slots are never handed out
 # uncopied to code that could change them.
-_SLOTS: dict[tuple[str, int], list[list[list[dict | None]]]] = {}
+_SLOTS: dict[str, list[list[list[list[dict | None]]] | None]] = {protocol: [] for protocol in PROTOCOLS}
 _SLOTS_LIMIT = 1 << 15  # philosopher-rounds kept, which bounds the memory held
 _slots_held = 0
 _NAMES = {protocol: tuple(next((a for a, c in codes.items() if c == k), None) for k in range(8))
@@ -430,16 +435,19 @@ _NAMES = {protocol: tuple(next((a for a, c in codes.items() if c == k), None) fo
 def _turn_slots(protocol: str, rnd: int, n: int) -> list[list[list[dict | None]]]:
     """The turn slots of one protocol's round, for at least n philosophers."""
     global _slots_held
-    slots = _SLOTS.get((protocol, rnd))
+    by_round = _SLOTS[protocol]
+    slots = by_round[rnd] if rnd < len(by_round) else None
     if slots is None or len(slots) < n:
         if _slots_held >= _SLOTS_LIMIT:
-            _SLOTS.clear()
+            for rounds in _SLOTS.values():
+                rounds.clear()
             _slots_held = 0
             slots = None
         have = slots or []
         slots = have + [[[None] * 8 for _ in range(8)] for _ in range(len(have), n)]
         _slots_held += n - len(have)
-        _SLOTS[(protocol, rnd)] = slots
+        by_round.extend([None] * (rnd + 1 - len(by_round)))
+        by_round[rnd] = slots
     return slots
 
 
