@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import orjson
@@ -61,12 +60,18 @@ class EpisodeConfig:
         state = clone.__dict__
         state.update(self.__dict__)
         state["seed"] = seed
-        state.pop("episode_id", None)
+        state.pop("_episode_id", None)
         return clone
 
-    @cached_property
+    @property
     def episode_id(self) -> str:
-        return episode_id(self.identity())
+        """This configuration's episode id, computed once (functools.cached_property locks per call)."""
+        state = self.__dict__
+        try:
+            return state["_episode_id"]
+        except KeyError:
+            value = state["_episode_id"] = episode_id(self.identity())
+            return value
 
     def identity(self) -> dict[str, Any]:
         return {

@@ -367,11 +367,15 @@ class Table:
         """Play one round in which everyone chose from the same snapshot, and record its turns."""
         turns = self.resolve_round(actions)
         last = self.last
-        for turn in turns:
-            i = turn["philosopher"]
-            if extras is not None and extras[i]:
-                turn.update(extras[i])
-            last[i] = turn
+        if extras is None:
+            for turn in turns:
+                last[turn["philosopher"]] = turn
+        else:
+            for turn in turns:
+                i = turn["philosopher"]
+                if extras[i]:
+                    turn.update(extras[i])
+                last[i] = turn
         self.turns.extend(turns)
         self.end_round()
 
