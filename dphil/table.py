@@ -154,8 +154,7 @@ class Table:
         self.deadlock_rounds: list[int] = []
         self.round = 1
         self.over = False
-        self._left_pattern, self._right_pattern = _deadlock_patterns(n)
-        self._right = _right_forks(n)
+        self._left_pattern, self._right_pattern, self._right = _geometry(n)
         self._slots = _SLOTS[protocol]
 
     # -- what a philosopher sees -------------------------------------------------
@@ -463,20 +462,15 @@ def _new_turn(slots: list, protocol: str, rnd: int, i: int, code: int, out: int)
 
 
 @lru_cache(maxsize=64)
-def _deadlock_patterns(n: int) -> tuple[list[int], list[int]]:
-    """Fork holders when everyone holds exactly one fork: all their left ones, or all their right ones.
+def _geometry(n: int) -> tuple[list[int], list[int], list[int]]:
+    """Per table size: the two deadlock patterns, and each philosopher's right fork (i+1) mod n.
 
     Philosopher i can only hold fork i or i+1, so "everyone holds one fork"
-    (with N forks for N people) forces one of these two patterns; comparing
-    two lists is the whole deadlock check. The lists are shared and never mutated.
+    (with N forks for N people) forces one of two patterns of fork holders:
+    all hold their left forks, or all their right ones; comparing two lists is
+    the whole deadlock check. The lists are shared and never mutated.
     """
-    return list(range(n)), [(f - 1) % n for f in range(n)]
-
-
-@lru_cache(maxsize=64)
-def _right_forks(n: int) -> list[int]:
-    """Philosopher i's right fork, (i+1) mod n, for every i; shared and never mutated."""
-    return [*range(1, n), 0]
+    return list(range(n)), [(f - 1) % n for f in range(n)], [*range(1, n), 0]
 
 
 def lowest_id(_round: int, _fork: int, a: int, b: int) -> int:
