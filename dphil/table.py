@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+import orjson
+
 # Opcodes shared by both protocols.
 PICK_LEFT, PICK_RIGHT, PUT_LEFT, PUT_RIGHT, PUT_ALL, EAT, IDLE, NOOP = range(8)
 
@@ -457,6 +459,7 @@ def _turn_slots(protocol: str, rnd: int, n: int) -> list[list[list[dict | None]]
 def _new_turn(slots: list, protocol: str, rnd: int, i: int, code: int, out: int) -> dict:
     turn = {"round": rnd, "philosopher": i, "action": _NAMES[protocol][code], "ok": out == OK,
             "reason": _REASON_OF[out]}
+    turn = orjson.loads(orjson.dumps(turn))  # keys as orjson's cached strings: a parsed turn compares by identity
     slots[i][code][out] = turn
     return turn
 
