@@ -66,6 +66,9 @@ class Scorer:
         return raw.rstrip()[:-1] + tail
 
 
+_INTS = frozenset((int,))
+
+
 def outcome_of(record: dict[str, Any], *, trust_outcome: bool = False) -> Outcome:
     """What the reward is computed from: replayed from the turns (and checked), or as recorded."""
     if trust_outcome:
@@ -82,7 +85,7 @@ def outcome_of(record: dict[str, Any], *, trust_outcome: bool = False) -> Outcom
         if (record["deadlock"] is replayed.deadlock and record["rounds_played"] == replayed.rounds_played
                 and record["deadlock_round"] == replayed.deadlock_round
                 and tuple(record["meals"]) == replayed.meals
-                and all(type(m) is int for m in record["meals"])
+                and _INTS.issuperset(map(type, record["meals"]))  # no true for 1, no 1.0
                 and type(record["rounds_played"]) is int
                 and type(record["deadlock_round"]) is type(replayed.deadlock_round)):
             return replayed
