@@ -1,5 +1,7 @@
 """Engine throughput: scripted episodes per second, JSONL writing included, on one core.
 
+Each episode is played and serialised as dphil-rollout does (`dphil.episode.play_line`).
+
 Target (issue 2): at least 20,000 episodes/s at N=5, R=5, and time per episode
 linear in N*R up to N=1,000. Each figure is the best of three repeats, so that
 other work on a shared machine does not decide it; pin a core for stable
@@ -12,8 +14,7 @@ import argparse
 import os
 import time
 
-from dphil.episode import play
-from dphil.jsonl import dumps
+from dphil.episode import play_line
 from dphil.policies import get_policy
 from dphil.records import EpisodeConfig
 
@@ -29,7 +30,7 @@ def once(policy_name: str, n: int, rounds: int, episodes: int, schedule: str) ->
     cell = EpisodeConfig(model=f"scripted:{policy_name}", n=n, rounds=rounds, schedule=schedule)
     start = time.perf_counter()
     for seed in range(episodes):
-        chunks.append(dumps(play(cell.with_seed(seed), policy)))
+        chunks.append(play_line(cell.with_seed(seed), policy))
         if len(chunks) >= 256:
             os.write(fd, b"".join(chunks))
             chunks.clear()

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from .errors import DataError
+from .jsonl import dumps
 from .policies import Policy
 from .records import EpisodeConfig, episode_record
 from .reward import action_counts
@@ -38,6 +39,19 @@ def new_table(config: EpisodeConfig, resolve: Resolver | None = None) -> Table:
 
 def play(config: EpisodeConfig, policy: Policy) -> dict[str, Any]:
     """Play one whole episode with a scripted policy and return its record."""
+    return _play(config, policy, copy=True)
+
+
+def play_line(config: EpisodeConfig, policy: Policy) -> bytes:
+    """The same episode as `play`, as one JSON line: what `dphil-rollout` writes.
+
+    The record never leaves this function, so its turns can be the table's
+    shared turn dicts instead of copies.
+    """
+    return dumps(_play(config, policy, copy=False))
+
+
+def _play(config: EpisodeConfig, policy: Policy, *, copy: bool) -> dict[str, Any]:
     table = new_table(config)
     # Seeding a generator costs more than a whole round, so only policies that draw get one.
     rng = random.Random(config.seed ^ _POLICY_STREAM) if getattr(policy, "uses_rng", False) else None
@@ -45,7 +59,7 @@ def play(config: EpisodeConfig, policy: Policy) -> dict[str, Any]:
     philosophers = range(n)
     if config.schedule == "simultaneous":
         while not table.over:
-            table.play_simultaneous([policy(table, i, rng) for i in philosophers])
+            table.play_simultaneous([policy(table, i, rng) for i in philosophers], copy=copy)
     else:
         while not table.over:
             for i in philosophers:

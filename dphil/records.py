@@ -56,22 +56,40 @@ class EpisodeConfig:
 
     def with_seed(self, seed: int) -> EpisodeConfig:
         """The same configuration with another seed, without re-validating (grids make millions)."""
+        mine = self.__dict__
+        if "_id_around_seed" not in mine:  # built once here, shared by every clone
+            mine["_id_around_seed"] = _around_seed(self.identity(), self.variant)
         clone = object.__new__(EpisodeConfig)
         state = clone.__dict__
-        state.update(self.__dict__)
+        state.update(mine)
         state["seed"] = seed
         state.pop("_episode_id", None)
         return clone
 
     @property
     def episode_id(self) -> str:
-        """This configuration's episode id, computed once (functools.cached_property locks per call)."""
+        """This configuration's episode id, computed once.
+
+        Grids make one configuration per seed (`with_seed`), so the canonical
+        bytes of the identity around the seed are built once per cell and each
+        seed only hashes them with its digits: the same bytes `episode_id()`
+        hashes, for a fraction of the work.
+        """
         state = self.__dict__
         try:
             return state["_episode_id"]
         except KeyError:
-            value = state["_episode_id"] = episode_id(self.identity())
-            return value
+            pass
+        around = state.get("_id_around_seed")
+        if around is None:
+            around = state["_id_around_seed"] = _around_seed(self.identity(), self.variant)
+        seed = self.seed
+        if around and type(seed) is int and _INT64_MIN <= seed <= _UINT64_MAX:
+            value = hashlib.blake2b(b"%b%d%b" % (around[0], seed, around[1]), digest_size=8).hexdigest()
+        else:
+            value = episode_id(self.identity())
+        state["_episode_id"] = value
+        return value
 
     def identity(self) -> dict[str, Any]:
         return {
@@ -101,6 +119,21 @@ class EpisodeConfig:
 def episode_id(identity: dict[str, Any]) -> str:
     """A stable 16-hex-digit id: a hash of the identity fields, independent of key order."""
     return hashlib.blake2b(orjson.dumps(identity, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()
+
+
+_INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1  # the integers orjson writes
+
+
+def _around_seed(identity: dict[str, Any], variant: dict[str, Any]) -> tuple[bytes, bytes] | tuple[()]:
+    """The canonical identity bytes before and after the seed's digits; () when they cannot be told apart."""
+    if "seed" in variant:
+        return ()
+    data = orjson.dumps({**identity, "seed": 0}, option=orjson.OPT_SORT_KEYS)
+    marker = b'"seed":0'
+    if data.count(marker) != 1:  # a nested "seed" in a variant value: hash the whole identity each time
+        return ()
+    cut = data.index(marker) + len(marker) - 1
+    return data[:cut], data[cut + 1:]
 
 
 def episode_record(

@@ -156,14 +156,14 @@ class RunStats:
 
 def run_scripted(
     configs: Iterable[EpisodeConfig],
-    write,
+    write_line,
     *,
     done: set[str] | None = None,
     progress=None,
     stats: RunStats | None = None,
 ) -> RunStats:
-    """Play scripted episodes in grid order, handing each record to `write` as it finishes."""
-    from .episode import play
+    """Play scripted episodes in grid order, handing each one's JSON line to `write_line` as it finishes."""
+    from .episode import play_line
     from .policies import get_policy
 
     stats = stats or RunStats()
@@ -180,7 +180,7 @@ def run_scripted(
                 policy = policies[config.model] = get_policy(scripted_name(config.model))
             except KeyError as e:
                 raise UsageError(str(e.args[0])) from None
-        write(play(config, policy))
+        write_line(play_line(config, policy))
         stats.written += 1
         if progress is not None:
             progress(1)
@@ -300,7 +300,7 @@ def run_request(req: RolloutRequest, console) -> int:
 
             bar = tqdm(total=total, unit="ep", desc="episodes", file=console.stderr)
         progress = bar.update if bar is not None else None
-        run_scripted(scripted_stream(), writer.write, done=done, stats=stats, progress=progress)
+        run_scripted(scripted_stream(), writer.write_line, done=done, stats=stats, progress=progress)
         if local_configs:
             from .agents.local import run_local
 

@@ -363,10 +363,14 @@ class Table:
         return [t.copy() for t in turns] if copy else turns
 
     def play_simultaneous(
-        self, actions: Sequence[str | None], extras: Sequence[dict | None] | None = None
+        self, actions: Sequence[str | None], extras: Sequence[dict | None] | None = None, *, copy: bool = True
     ) -> None:
-        """Play one round in which everyone chose from the same snapshot, and record its turns."""
-        turns = self.resolve_round(actions)
+        """Play one round in which everyone chose from the same snapshot, and record its turns.
+
+        `copy=False` records shared, read-only turn dicts (see resolve_round): only
+        for a table whose turns are serialised and dropped, never handed out.
+        """
+        turns = self.resolve_round(actions, copy=copy or extras is not None)
         last = self.last
         if extras is None:
             for turn in turns:

@@ -203,3 +203,32 @@ def test_recorded_turns_are_the_records_own(case):
     assert all(turn["ok"] in (True, False) and "extra" not in turn for turn in second.turns)
     replayed = Table(cfg["n"], cfg["rounds"], protocol=cfg["protocol"]).resolve_round(script[0])
     assert all("extra" not in turn for turn in replayed)
+
+
+@given(configs, st.sampled_from(sorted(POLICIES)))
+def test_play_line_is_the_record_play_returns(cfg, policy_name):
+    """dphil-rollout's path (shared turn dicts, serialised at once) writes exactly `play`'s record."""
+    from dphil.episode import play_line
+    from dphil.jsonl import dumps
+
+    config = EpisodeConfig(model=f"scripted:{policy_name}", **cfg)
+    line = play_line(config, POLICIES[policy_name])
+    record = play(config, POLICIES[policy_name])
+    assert line == dumps(record)
+    record["turns"][0]["ok"] = "tampered"  # play's record is the caller's to change ...
+    assert play_line(config, POLICIES[policy_name]) == line  # ... and nothing shared changes with it
+
+
+@given(configs, st.dictionaries(st.sampled_from(["prompt", "seed", "adapter", "x"]),
+                                st.one_of(st.text(max_size=12), st.integers(-3, 3),
+                                          st.dictionaries(st.sampled_from(["seed", "y"]), st.integers(-1, 1))),
+                                max_size=3),
+       st.integers(-(1 << 63), (1 << 64) - 1))
+def test_episode_ids_of_clones_hash_the_whole_identity(cfg, variant, seed):
+    """The per-cell shortcut in EpisodeConfig.episode_id gives exactly the documented hash."""
+    from dphil.records import episode_id
+
+    cell = EpisodeConfig(model="scripted:random", **{**cfg, "seed": 0}, variant=variant)
+    clone = cell.with_seed(seed)
+    assert clone.episode_id == episode_id(clone.identity())
+    assert cell.episode_id == episode_id(cell.identity())
