@@ -158,8 +158,25 @@ def _replay(record: dict[str, Any]) -> Outcome:
     """
     try:
         return _quick_pass(record)
-    except (_Recheck, KeyError, TypeError, IndexError, ValueError):
+    except (_Recheck, DataError, KeyError, TypeError, IndexError, ValueError):
         return _careful_pass(record)
+
+
+def _recorded_winner(record: dict[str, Any], round_turns: list) -> Resolver:
+    """How a replay settles a contested fork: lowest-id, or whoever the round's turns say got it."""
+    if record.get("conflict") == "lowest-id":
+        return lowest_id
+
+    def resolve(rnd: int, fork: int, a: int, b: int) -> int:
+        won = {t["philosopher"]: t["ok"] for t in round_turns}
+        if won.get(a) == won.get(b):
+            raise DataError(
+                f"round {rnd}: philosophers {a} and {b} both reached for fork {fork} "
+                "but the record does not say exactly one of them got it"
+            )
+        return a if won.get(a) else b
+
+    return resolve
 
 
 def _quick_pass(record: dict[str, Any]) -> Outcome:
@@ -170,25 +187,15 @@ def _quick_pass(record: dict[str, Any]) -> Outcome:
     if not total or total % n:
         raise _Recheck
     chunk: list = []
-
-    if record.get("conflict") == "lowest-id":
-        resolve: Resolver = lowest_id
-    else:
-        def resolve(rnd: int, fork: int, a: int, b: int) -> int:
-            won = {t["philosopher"]: t["ok"] for t in chunk}
-            if won.get(a) == won.get(b):
-                raise _Recheck
-            return a if won.get(a) else b
-
     table = Table(n, record["rounds"], protocol=record["protocol"],
-                  deadlock_mode=record.get("deadlock_mode", "terminal"), resolve=resolve)
+                  deadlock_mode=record.get("deadlock_mode", "terminal"), resolve=_recorded_winner(record, chunk))
     play_round = table.resolve_round if record["schedule"] == "simultaneous" else table.resolve_sequential_round
     end_round = table.end_round
     played: list = []
     for k in range(0, total, n):
         if table.over:
             raise _Recheck
-        chunk = turns[k:k + n]
+        chunk[:] = turns[k:k + n]
         actions: list = [None] * n
         for t in chunk:
             actions[t["philosopher"]] = t["action"]
@@ -211,22 +218,9 @@ def _careful_pass(record: dict[str, Any]) -> Outcome:
     n, rounds = record["n"], record["rounds"]
     turns = record["turns"]
     chunk: list = []
-
-    if record.get("conflict") == "lowest-id":
-        resolve: Resolver = lowest_id
-    else:
-        def resolve(rnd: int, fork: int, a: int, b: int) -> int:
-            won = {t["philosopher"]: t["ok"] for t in chunk}
-            if won.get(a) == won.get(b):
-                raise DataError(
-                    f"round {rnd}: philosophers {a} and {b} both reached for fork {fork} "
-                    "but the record does not say exactly one of them got it"
-                )
-            return a if won.get(a) else b
-
     try:
         table = Table(n, rounds, protocol=record["protocol"],
-                      deadlock_mode=record.get("deadlock_mode", "terminal"), resolve=resolve)
+                      deadlock_mode=record.get("deadlock_mode", "terminal"), resolve=_recorded_winner(record, chunk))
     except ValueError as e:
         raise DataError(str(e)) from None
     simultaneous = record["schedule"] == "simultaneous"
@@ -236,7 +230,7 @@ def _careful_pass(record: dict[str, Any]) -> Outcome:
         r = table.round
         if table.over:
             raise DataError(f"the episode ended at round {r} but turns[{k}] continues it")
-        chunk = turns[k:k + n]
+        chunk[:] = turns[k:k + n]
         actions: list = [None] * n
         seen = 0
         for j, t in enumerate(chunk, k):

@@ -292,16 +292,7 @@ class Table:
             elif c > PUT_ALL:
                 rest.append(i)
             elif c == PUT_ALL:  # (dpbench) release every fork held
-                f = right[i]
-                out = O_NOT_HOLDING
-                if holder[i] == i:
-                    holder[i] = FREE
-                    out = OK
-                if holder[f] == i:
-                    holder[f] = FREE
-                    out = OK
-                if out == OK:
-                    self.eating[i] = False
+                out = self.apply_code(i, c)
                 add(slots[i][c][out] or _new_turn(slots, protocol, r, i, c, out))
             else:  # put down one fork
                 f = i if c == PUT_LEFT else right[i]
