@@ -84,7 +84,7 @@ class Outcome(NamedTuple):
 _CACHE_SIZE = 4096
 _cache: dict[tuple, Outcome] = {}
 # Per model: [lookups, hits] since the memo was last judged for it. Random
-# policies never repeat an episode, and a lookup costs about a sixth of a
+# policies never repeat an episode, and a lookup costs about a fifth of a
 # replay, so a model whose hit rate stays under _MIN_HIT_RATE is replayed
 # directly, and looked at again every _REJUDGE records.
 _JUDGE_AFTER = 256
