@@ -55,7 +55,12 @@ class EpisodeConfig:
             raise ValueError(f"rounds must be at least 1, got {self.rounds}")
 
     def with_seed(self, seed: int) -> EpisodeConfig:
-        """The same configuration with another seed, without re-validating (grids make millions)."""
+        """The same configuration with another seed, without re-validating (grids make millions).
+
+        The clones share this configuration's identity bytes, so `variant` must
+        not change once a clone is made (the configuration is frozen; so is its
+        variant in spirit).
+        """
         mine = self.__dict__
         if "_id_around_seed" not in mine:  # built once here, shared by every clone
             mine["_id_around_seed"] = _around_seed(self.identity(), self.variant)

@@ -35,6 +35,8 @@ class Scorer:
     reward and metrics are appended to it (records that already carry either
     are re-serialised whole, so rescoring replaces them). Outcomes repeat far
     more than episodes do, so the appended bytes are memoised per outcome.
+    A line that repeats a field keeps both copies as written; what was checked
+    and scored is the last one, which is what orjson and Python's json read.
     """
 
     _MAX_CACHED = 4096
@@ -66,9 +68,6 @@ class Scorer:
         return raw.rstrip()[:-1] + tail
 
 
-_INTS = frozenset((int,))
-
-
 def outcome_of(record: dict[str, Any], *, trust_outcome: bool = False) -> Outcome:
     """What the reward is computed from: replayed from the turns (and checked), or as recorded."""
     if trust_outcome:
@@ -85,7 +84,6 @@ def outcome_of(record: dict[str, Any], *, trust_outcome: bool = False) -> Outcom
         if (record["deadlock"] is replayed.deadlock and record["rounds_played"] == replayed.rounds_played
                 and record["deadlock_round"] == replayed.deadlock_round
                 and tuple(record["meals"]) == replayed.meals
-                and _INTS.issuperset(map(type, record["meals"]))  # no true for 1, no 1.0
                 and type(record["rounds_played"]) is int
                 and type(record["deadlock_round"]) is type(replayed.deadlock_round)):
             return replayed
@@ -108,8 +106,7 @@ def _agree(record: dict[str, Any], name: str, replayed: Any) -> None:
     if name not in record:
         raise DataError(f"missing field {name!r}")
     recorded = record[name]
-    if (recorded != replayed or type(recorded) is not type(replayed)
-            or (name == "meals" and any(type(m) is not int for m in recorded))):
+    if recorded != replayed or type(recorded) is not type(replayed):
         raise DataError(
             f"recorded {name} {_show(recorded)} disagrees with its own turns, which give "
             f"{_show(replayed)} (use --trust-outcome to score the recorded outcome anyway)"

@@ -276,8 +276,7 @@ class Table:
         # test holds the two to the same outcomes.
         r = self.round
         protocol = self.protocol
-        by_round = self._slots
-        slots = by_round[r] if r < len(by_round) else None
+        slots = self._slots[r] if r <= _CACHED_ROUNDS else None
         if slots is None or len(slots) < n:
             slots = _turn_slots(protocol, r, n)
         holder = self.holder
@@ -424,38 +423,39 @@ class Table:
 # turn of a (protocol, round) is built once and kept in a slot by [philosopher]
 # [opcode][outcome]: rollouts copy it out (a copy is half the price), replays
 # compare recorded turns with it without copying. Slots are never handed out
-# uncopied to code that could change them.
-_SLOTS: dict[str, list[list[list[list[dict | None]]] | None]] = {protocol: [] for protocol in PROTOCOLS}
-_SLOTS_LIMIT = 1 << 15  # philosopher-rounds kept, which bounds the memory held
-_slots_held = 0
+# uncopied to code that could change them. Only the first _CACHED_ROUNDS rounds
+# of tables up to _CACHED_N philosophers are kept (a few MB at most, never
+# cleared, so threads cannot race a clear); beyond them turns are built afresh.
+_CACHED_ROUNDS = 64
+_CACHED_N = 64
+_SLOTS: dict[str, list[list[list[list[dict | None]]] | None]] = {
+    protocol: [None] * (_CACHED_ROUNDS + 1) for protocol in PROTOCOLS
+}
+_UNCACHED: tuple[tuple[None, ...], ...] = ((None,) * 8,) * 8  # a philosopher's slots that keep nothing
 _NAMES = {protocol: tuple(next((a for a, c in codes.items() if c == k), None) for k in range(8))
           for protocol, codes in PROTOCOLS.items()}
 
 
-def _turn_slots(protocol: str, rnd: int, n: int) -> list[list[list[dict | None]]]:
+def _turn_slots(protocol: str, rnd: int, n: int) -> list:
     """The turn slots of one protocol's round, for at least n philosophers."""
-    global _slots_held
+    if rnd > _CACHED_ROUNDS or n > _CACHED_N:
+        return [_UNCACHED] * n
     by_round = _SLOTS[protocol]
-    slots = by_round[rnd] if rnd < len(by_round) else None
+    slots = by_round[rnd]
     if slots is None or len(slots) < n:
-        if _slots_held >= _SLOTS_LIMIT:
-            for rounds in _SLOTS.values():
-                rounds.clear()
-            _slots_held = 0
-            slots = None
         have = slots or []
-        slots = have + [[[None] * 8 for _ in range(8)] for _ in range(len(have), n)]
-        _slots_held += n - len(have)
-        by_round.extend([None] * (rnd + 1 - len(by_round)))
-        by_round[rnd] = slots
+        slots = by_round[rnd] = have + [[[None] * 8 for _ in range(8)] for _ in range(len(have), n)]
     return slots
 
 
 def _new_turn(slots: list, protocol: str, rnd: int, i: int, code: int, out: int) -> dict:
     turn = {"round": rnd, "philosopher": i, "action": _NAMES[protocol][code], "ok": out == OK,
             "reason": _REASON_OF[out]}
+    row = slots[i]
+    if row is _UNCACHED:
+        return turn
     turn = orjson.loads(orjson.dumps(turn))  # keys as orjson's cached strings: a parsed turn compares by identity
-    slots[i][code][out] = turn
+    row[code][out] = turn
     return turn
 
 

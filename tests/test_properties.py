@@ -232,3 +232,30 @@ def test_episode_ids_of_clones_hash_the_whole_identity(cfg, variant, seed):
     clone = cell.with_seed(seed)
     assert clone.episode_id == episode_id(clone.identity())
     assert cell.episode_id == episode_id(cell.identity())
+
+
+def test_big_tables_and_late_rounds_build_turns_afresh():
+    """Turn dicts are kept only for small tables' early rounds; past that the engine builds them, alike."""
+    from dphil import table as table_module
+    from dphil.episode import play_line
+    from dphil.jsonl import dumps
+
+    for n, rounds in ((table_module._CACHED_N + 6, 3), (5, table_module._CACHED_ROUNDS + 6)):
+        config = EpisodeConfig(model="scripted:random", n=n, rounds=rounds, deadlock_mode="continue", seed=n)
+        assert play_line(config, POLICIES["random"]) == dumps(play(config, POLICIES["random"]))
+    for by_round in table_module._SLOTS.values():
+        assert len(by_round) == table_module._CACHED_ROUNDS + 1
+        assert all(slots is None or len(slots) <= table_module._CACHED_N for slots in by_round)
+
+
+def test_threads_playing_at_once_write_the_same_records():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dphil.episode import play_line
+    from dphil.jsonl import dumps
+
+    configs = [EpisodeConfig(model="scripted:random", n=n, rounds=r, deadlock_mode="continue", seed=s)
+               for s, (n, r) in enumerate([(5, 80), (70, 4), (3, 20)] * 8)]
+    with ThreadPoolExecutor(8) as pool:
+        lines = list(pool.map(lambda c: play_line(c, POLICIES["random"]), configs))
+    assert lines == [dumps(play(c, POLICIES["random"])) for c in configs]

@@ -88,3 +88,14 @@ def test_memo_is_skipped_for_a_model_whose_episodes_never_repeat():
     for rec in random_records:  # skipped or not, the outcomes are the replayed ones
         assert replay(rec).meals == tuple(rec["meals"])
     clear_memo()
+
+
+def test_integer_like_outcomes_are_judged_the_same_whatever_else_the_round_carries():
+    """`ok: 1` for true is read as JSON numbers compare, in plain rounds and in rounds with model fields."""
+    rec = play(EpisodeConfig(model="scripted:hierarchy", n=3, rounds=2), get_policy("hierarchy"))
+    rec["turns"][0]["ok"] = 1 if rec["turns"][0]["ok"] else 0
+    plain = copy.deepcopy(rec)
+    with_reply = copy.deepcopy(rec)
+    with_reply["turns"][1]["reply"] = "I pick up my left fork."  # a model run's extra field
+    spec = RewardSpec()
+    assert score_record(plain, spec)["reward"] == score_record(with_reply, spec)["reward"]
