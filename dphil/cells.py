@@ -26,7 +26,7 @@ import polars as pl
 from . import stats
 from .errors import DataError, UsageError
 from .jsonl import RecordReader, open_input, source_name
-from .records import SCHEMA_VERSION
+from .records import SCHEMA_VERSION, checked_outcome, is_int
 
 DEFAULT_BY = ("model", "n")
 DEGENERATE_WARN = 0.25
@@ -311,12 +311,7 @@ def _row(record: dict[str, Any], fields: list[str]) -> list[Any]:
     if not _is_number(total):
         raise DataError("field 'reward.total' should be a number")
     variant = reward.get("variant")
-    deadlock = record.get("deadlock")
-    if not isinstance(deadlock, bool):
-        raise DataError("field 'deadlock' should be true or false")
-    meals = record.get("meals")
-    if not isinstance(meals, list) or not all(_is_int(m) for m in meals):
-        raise DataError("field 'meals' should be a list of integers")
+    meals, deadlock = checked_outcome(record)
     turns = record.get("turns")
     if not isinstance(turns, list):
         raise DataError("field 'turns' should be a list")
@@ -335,11 +330,11 @@ def _row(record: dict[str, Any], fields: list[str]) -> list[Any]:
     if not isinstance(metrics, dict):
         raise DataError("episode is not scored (no 'metrics' object): run dphil-score first")
     for name, check in (("throughput_per_round", _is_number), ("gini_fairness", _is_number),
-                        ("starvation", _is_int)):
+                        ("starvation", is_int)):
         if not check(metrics.get(name)):
             raise DataError(f"field 'metrics.{name}' should be a number")
     ttd = metrics.get("time_to_deadlock")
-    if ttd is not None and not _is_int(ttd):
+    if ttd is not None and not is_int(ttd):
         raise DataError("field 'metrics.time_to_deadlock' should be an integer or null")
     return [
         *values, float(total), variant if isinstance(variant, str) else None, deadlock, sum(meals),
@@ -371,7 +366,7 @@ def _field(record: dict[str, Any], name: str) -> Any:
         if not isinstance(value, bool):
             raise DataError(f"field {name!r} should be true or false")
         return value
-    if not _is_int(value):
+    if not is_int(value):
         raise DataError(f"field {name!r} should be an integer")
     return value
 
@@ -382,7 +377,7 @@ def _usage(usage: Any) -> list[Any]:
     if not isinstance(usage, dict):
         raise DataError("field 'usage' should be an object")
     out: list[Any] = []
-    for name, check in (("prompt_tokens", _is_int), ("completion_tokens", _is_int),
+    for name, check in (("prompt_tokens", is_int), ("completion_tokens", is_int),
                         ("cost", _is_number)):
         value = usage.get(name)
         if value is not None and not check(value):
@@ -390,10 +385,6 @@ def _usage(usage: Any) -> list[Any]:
         out.append(value if value is not None else 0)
     out[2] = float(out[2])
     return out
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _is_number(v: Any) -> bool:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import DataError, UsageError
+from .records import checked_outcome, is_int
 
 BY = ("last", "train", "val")
 RULES = ("best", "one-se")
@@ -105,10 +106,6 @@ class Inputs:
     train_episodes: int = 0
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _is_number(value: Any) -> bool:
     return (isinstance(value, int | float) and not isinstance(value, bool)
             and math.isfinite(value))
@@ -130,14 +127,14 @@ def check_checkpoint(record: dict[str, Any], source: str = "<input>", line: int 
         if "step" not in record:
             raise DataError("checkpoint record is missing field 'step'")
         step = record["step"]
-        if not _is_int(step) or step < 0:
+        if not is_int(step) or step < 0:
             raise DataError(f"field 'step' should be a non-negative integer, got {step!r}")
         for name in ("run", "path", "base_model", "backend", "reward_variant"):
             value = record.get(name)
             if value is not None and not isinstance(value, str):
                 raise DataError(f"field {name!r} should be a string, got {value!r}")
         rank = record.get("lora_rank")
-        if rank is not None and (not _is_int(rank) or rank < 1):
+        if rank is not None and (not is_int(rank) or rank < 1):
             raise DataError(f"field 'lora_rank' should be a positive integer, got {rank!r}")
         for name in _NUMERIC_FIELDS:
             value = record.get(name)
@@ -145,7 +142,7 @@ def check_checkpoint(record: dict[str, Any], source: str = "<input>", line: int 
                 raise DataError(f"field {name!r} should be a finite number, got {value!r}")
         for name in ("train_episodes", "val_episodes"):
             value = record.get(name)
-            if value is not None and (not _is_int(value) or value < 0):
+            if value is not None and (not is_int(value) or value < 0):
                 raise DataError(f"field {name!r} should be a non-negative integer, got {value!r}")
     except DataError as e:
         raise e.at(source, line) from None
@@ -154,12 +151,7 @@ def check_checkpoint(record: dict[str, Any], source: str = "<input>", line: int 
 
 def _episode_values(record: dict[str, Any]) -> dict[str, float | None]:
     """The four metrics of one episode; reward is None while the episode is unscored."""
-    meals = record.get("meals")
-    if not isinstance(meals, list) or not all(_is_int(m) for m in meals):
-        raise DataError("field 'meals' should be a list of integers")
-    deadlock = record.get("deadlock")
-    if not isinstance(deadlock, bool):
-        raise DataError("field 'deadlock' should be a boolean")
+    meals, deadlock = checked_outcome(record)
     reward = record.get("reward")
     total = None
     if reward is not None:
@@ -170,7 +162,7 @@ def _episode_values(record: dict[str, Any]) -> dict[str, float | None]:
     throughput = metrics.get("throughput_per_round") if isinstance(metrics, dict) else None
     if throughput is None:
         played = record.get("rounds_played")
-        if _is_int(played):
+        if is_int(played):
             throughput = sum(meals) / played if played else 0.0
     elif not _is_number(throughput):
         raise DataError("field 'metrics.throughput_per_round' should be a finite number")
@@ -218,7 +210,7 @@ def read_inputs(items: Iterable[Located]) -> Inputs:
             if step is None:
                 raise DataError("episode has no 'checkpoint_step': cannot tell which checkpoint "
                                 "it validates")
-            if not _is_int(step) or step < 0:
+            if not is_int(step) or step < 0:
                 raise DataError(f"field 'checkpoint_step' should be a non-negative integer, "
                                 f"got {step!r}")
             run = record.get("run")
@@ -553,7 +545,7 @@ def _record_stat(record: dict[str, Any], name: str, count_field: str) -> Stat:
     sample sd, so it is rescaled by sqrt(n / (n - 1)).
     """
     n = record.get(count_field)
-    n = n if _is_int(n) and n > 0 else None
+    n = n if is_int(n) and n > 0 else None
     sd = record.get(f"{name}_std")
     sample_sd = None
     if _is_number(sd) and n is not None and n >= 2:

@@ -212,6 +212,22 @@ def check_episode(record: dict[str, Any]) -> None:
         raise DataError("field 'n' must be at least 2 and 'rounds' at least 1")
 
 
+def is_int(value: Any) -> bool:
+    """A JSON integer as parsed: an int that is not a boolean."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def checked_outcome(record: dict[str, Any]) -> tuple[list[int], bool]:
+    """An episode's recorded `meals` and `deadlock`, or a DataError naming the one that is malformed."""
+    deadlock = record.get("deadlock")
+    if not isinstance(deadlock, bool):
+        raise DataError("field 'deadlock' should be true or false")
+    meals = record.get("meals")
+    if not isinstance(meals, list) or not all(is_int(m) for m in meals):
+        raise DataError("field 'meals' should be a list of integers")
+    return meals, deadlock
+
+
 def _type_name(typ: type | tuple[type, ...]) -> str:
     names = {int: "an integer", str: "a string", list: "a list", dict: "an object", bool: "a boolean",
              float: "a number", type(None): "null"}
