@@ -265,12 +265,7 @@ class Table:
         comparing with recorded turns only.
         """
         n = self.n
-        if len(actions) != n:
-            raise ValueError(f"expected {n} actions, got {len(actions)}")
-        try:
-            codes = list(map(self._codes.__getitem__, actions))
-        except (KeyError, TypeError):
-            codes = self.codes_of(actions)  # raises, naming the action
+        codes = self.codes_of(actions)
         # The rules are written out here rather than calling `apply_code` per
         # philosopher: this is the hot loop of rollouts and replays. A property
         # test holds the two to the same outcomes.
