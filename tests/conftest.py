@@ -32,3 +32,16 @@ def run(args: list[str], *, input: bytes | None = None, cwd: str | os.PathLike |
 @pytest.fixture
 def cli():
     return run
+
+
+def need_system_part(available: bool, what: str) -> None:
+    """Skip a test whose system part (Slurm, Chromium, a real model) is missing, or fail under CI.
+
+    `.ci/setup` installs every part; a CI run that skipped them would pass without testing them.
+    """
+    if available:
+        return
+    message = f"{what} is not available here (install it with `bash .ci/setup`)"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
