@@ -223,6 +223,12 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     show_default=True,
     help="Sequences per forward pass.",
 )
+@click.option(
+    "--tensorboard",
+    is_flag=True,
+    help="Also write each step's metrics as TensorBoard event files in RUN_DIR "
+    "(tensorboard --logdir RUN_DIR; needs the tensorboard package).",
+)
 @click.option("--art-path", default=None, help="ART's storage directory [default: RUN_DIR/art].")
 @click.option("--project", default="dphil", show_default=True, help="ART project name.")
 @output_option

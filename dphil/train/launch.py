@@ -177,6 +177,10 @@ def make_backend_factory(cfg: TrainConfig, opts: dict[str, Any]):
 def launch(console: Console, opts: dict[str, Any]) -> int:
     """Run `dphil-train` with its parsed options; return the exit status."""
     cfg = build_config(opts)
+    if opts.get("tensorboard"):
+        from .tensorboard_log import check_available
+
+        check_available()
     factory = make_backend_factory(cfg, opts)
     episodes_path = opts["episodes_out"]
     if episodes_path is not None:
@@ -188,16 +192,25 @@ def launch(console: Console, opts: dict[str, Any]) -> int:
             trim_episodes(episodes_path, last)
     episodes = RecordWriter(episodes_path, mode="append") if episodes_path else None
     out = RecordWriter(opts["output"])
+    board = None
     ok = False
     try:
+        if opts.get("tensorboard"):
+            from .tensorboard_log import TensorBoardLog
+
+            board = TensorBoardLog(cfg.run_dir)
 
         def emit(record: dict[str, Any]) -> None:
             out.write(record)
             out.flush()
+            if board is not None:
+                board.write(record)
 
         run_training(cfg, factory, Progress(emit=emit, episodes=episodes, say=console.warn))
         ok = True
     finally:
+        if board is not None:
+            board.close()
         if episodes is not None:
             episodes.close(success=ok)
         out.close(success=ok)
