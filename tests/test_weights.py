@@ -1,0 +1,95 @@
+"""dphil-weights: the packaged real model, assembled and verified; bad copies refused whole."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from dphil import weights
+from dphil.errors import DataError, NoInputError
+
+from .conftest import run
+
+
+def test_missing_gguf_is_one_line_exit_66(tmp_path):
+    missing = tmp_path / "nope.gguf"
+    proc = run(["dphil-weights", "--gguf", str(missing)])
+    assert proc.returncode == 66
+    err = proc.stderr.decode()
+    assert err.count("\n") == 1 and str(missing) in err and "Traceback" not in err
+
+
+def test_truncated_gguf_is_exit_65(tmp_path):
+    short = tmp_path / "short.gguf"
+    short.write_bytes(b"GGUF" + b"\0" * 1000)
+    proc = run(["dphil-weights", "--gguf", str(short), "--gguf-only"])
+    assert proc.returncode == 65
+    err = proc.stderr.decode()
+    assert err.count("\n") == 1 and str(short) in err and "truncated" in err
+
+
+def test_wrong_checksum_is_exit_65(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    with open(bad, "wb") as fh:  # the right size, the wrong bytes (sparse: no disk used)
+        fh.truncate(weights.GGUF_SIZE)
+    proc = run(["dphil-weights", "--gguf", str(bad)])
+    assert proc.returncode == 65
+    err = proc.stderr.decode()
+    assert err.count("\n") == 1 and "sha256 mismatch" in err and str(bad) in err
+    assert not (tmp_path / weights.HF_NAME).exists()
+
+
+def test_corrupt_chunks_leave_nothing_in_the_cache(tmp_path):
+    parts = []
+    for i in range(4):
+        p = tmp_path / f"part{i:02d}"
+        p.write_bytes(os.urandom(1000))
+        parts.append(p)
+    cache = tmp_path / "cache"
+    with pytest.raises(DataError, match="truncated or corrupt"):
+        weights.assemble(cache / weights.GGUF_NAME, parts=parts)
+    assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_missing_chunk_is_no_input(tmp_path):
+    with pytest.raises(NoInputError, match="part03"):
+        weights.assemble(tmp_path / weights.GGUF_NAME, parts=[tmp_path / "part03"])
+
+
+def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPHIL_CACHE", str(tmp_path / "c"))
+    assert weights.cache_dir() == tmp_path / "c"
+    monkeypatch.delenv("DPHIL_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert weights.cache_dir() == tmp_path / "x" / "dphil"
+
+
+@pytest.mark.real_model
+def test_real_model_is_verified_and_converted(real_model):
+    gguf, hf = real_model
+    assert weights.verify(gguf) == gguf
+    assert weights.converted(hf)
+    info = json.loads((hf / weights.MARKER).read_text())
+    assert info["gguf_sha256"] == weights.GGUF_SHA256 and info["model_type"] == "gemma3_text"
+    config = json.loads((hf / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert "<start_of_turn>" in (hf / "tokenizer_config.json").read_text() + "".join(
+        p.read_text() for p in hf.glob("chat_template.*"))
+    # A second run only verifies: it prints the same directory.
+    again = run(["dphil-weights", "-q"])
+    assert again.returncode == 0 and again.stdout.decode().strip() == str(hf)
+
+
+@pytest.mark.real_model
+def test_a_corrupt_cached_gguf_is_rebuilt_from_the_chunks(real_model, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    target = cache / weights.GGUF_NAME
+    target.write_bytes(b"half a file")
+    proc = run(["dphil-weights", "--gguf-only", "--cache", str(cache)])
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().strip() == str(target)
+    assert weights.sha256_of(target) == weights.GGUF_SHA256
+    assert sorted(p.name for p in cache.iterdir()) == sorted([weights.GGUF_NAME, f".{weights.GGUF_NAME}.lock"])
