@@ -455,6 +455,23 @@ def select(
     return Selection(chosen, checkpoints, notes, plot_curves, by, metric)
 
 
+def record_curves(checkpoints: Sequence[Checkpoint], metric: str = "reward") -> list[Curve]:
+    """Each run's training and validation curves of `metric` from the records' own fields.
+
+    What `dphil-show` draws from `dphil-train` output alone: no validation
+    episodes, so the validation curve is the records' `val_*` fields where
+    training validated. Curves without a point are left out.
+    """
+    if metric not in METRICS:
+        raise UsageError(f"unknown metric {metric!r} (expected one of {', '.join(METRICS)})")
+    m = METRICS[metric]
+    checkpoints = _dedupe(checkpoints)
+    runs = _ordered_runs(checkpoints)
+    curves = [*_train_curves(checkpoints, m, runs).values(),
+              *_val_curves(checkpoints, {}, m, runs).values()]
+    return [c for c in curves if c.points]
+
+
 def _ordered_runs(checkpoints: Sequence[Checkpoint]) -> list[str | None]:
     runs: dict[str | None, None] = {}
     for c in checkpoints:
