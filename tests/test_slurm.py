@@ -156,3 +156,15 @@ def test_cancelled_task_resubmitted_finishes_without_duplicates(slurm, jobs, tmp
     ids = episode_ids(union)
     assert max(ids.values()) == 1
     assert ids == episode_ids(unsharded(grid))
+
+
+def test_starting_the_cluster_again_leaves_it_running(slurm):
+    state = Path(os.environ.get("DPHIL_SLURM_STATE", "/var/spool/dphil-slurm"))
+    files = {name: state / f"{name}.pid" for name in ("slurmctld", "slurmd")}
+    need_system_part(all(f.exists() for f in files.values()), "a cluster started by samples/slurm/start-cluster.sh")
+    pids = {name: f.read_text() for name, f in files.items()}
+    proc = subprocess.run(["bash", str(ROOT / "samples" / "slurm" / "start-cluster.sh")], capture_output=True,
+                          text=True, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert {name: f.read_text() for name, f in files.items()} == pids  # the same daemons
+    assert cluster_up()
