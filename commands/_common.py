@@ -51,10 +51,29 @@ def command(name: str, **kwargs: Any) -> Callable[[Callable[..., Any]], click.Co
     return click.command(name, cls=DphilCommand, **kwargs)
 
 
-def execute(prog: str, quiet: bool, body: Callable[[Console], int | None]) -> int:
-    """Run a command body with its Console; return the exit status for click to use."""
+def execute(prog: str, quiet: bool, body: Callable[[Console], int | None], *,
+            outputs: tuple[str | None, ...] = (), wait_lock: float = 0.0) -> int:
+    """Run a command body with its Console; return the exit status for click to use.
+
+    `outputs` are the files (or run directories) the body writes: it runs holding
+    their locks (`dphil.lock`), so a second writer of the same output waits up to
+    `wait_lock` seconds or exits 75.
+    """
     console = Console(prog, quiet=quiet)
-    return run(console, lambda: body(console))
+    if not any(o is not None and o != "-" for o in outputs):
+        return run(console, lambda: body(console))
+
+    def locked_body() -> int | None:
+        from dphil.lock import locked
+
+        def waiting(target: str, pid: int) -> None:
+            who = f"pid {pid}" if pid else "another process"
+            console.warn(f"{target}: waiting up to {wait_lock:g} s for {who} to finish writing it")
+
+        with locked(outputs, wait_lock, on_wait=waiting):
+            return body(console)
+
+    return run(console, locked_body)
 
 
 # -- options shared by several commands -------------------------------------------------
@@ -64,6 +83,15 @@ def output_option(f: Callable[..., Any]) -> Callable[..., Any]:
         "-o", "--output", metavar="FILE", default=None,
         help="Write records to FILE (atomically: a temporary file renamed on success) "
              "instead of stdout.",
+    )(f)
+
+
+def wait_lock_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--wait-lock", type=click.FloatRange(min=0), default=0.0, show_default=True,
+        metavar="SECONDS",
+        help="When another process is writing the same output (it holds OUTPUT.lock), wait "
+             "up to SECONDS for it to finish instead of exiting 75 at once.",
     )(f)
 
 

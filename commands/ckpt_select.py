@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._common import command, execute, inputs_argument, output_option, quiet_option
+from ._common import command, execute, inputs_argument, output_option, quiet_option, wait_lock_option
 
 HELP = """Choose which checkpoint to keep, instead of the last one.
 
@@ -65,9 +65,10 @@ its adapter_config.json against the record's base_model and lora_rank.
               help="Do not require the chosen adapter directory to exist (selecting from logs "
                    "on another machine).")
 @output_option
+@wait_lock_option
 @quiet_option
 def main(inputs, by, metric, smooth, rule, top, run_name, plot, export_dir, merge, base_model,
-         no_check_path, output, quiet):
+         no_check_path, output, wait_lock, quiet):
     from dphil.checkpoints import located, read_inputs, select, summary
     from dphil.errors import UsageError
     from dphil.jsonl import RecordReader, RecordWriter
@@ -117,4 +118,4 @@ def main(inputs, by, metric, smooth, rule, top, run_name, plot, export_dir, merg
         console.warn(summary(selection))
         return 0
 
-    return execute("dphil-ckpt-select", quiet, body)
+    return execute("dphil-ckpt-select", quiet, body, outputs=(output,), wait_lock=wait_lock)

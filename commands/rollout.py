@@ -6,7 +6,7 @@ import click
 
 from dphil.table import CONFLICTS, DEADLOCK_MODES, PROTOCOLS, SCHEDULES
 
-from ._common import command, execute, quiet_option
+from ._common import command, execute, quiet_option, wait_lock_option
 
 HELP = """Play episodes of the dining philosophers and write them as JSONL.
 
@@ -105,11 +105,12 @@ dphil-train saved.
               help="Local models: episodes played together (one model batch per round).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Local models: CPU threads for torch [default: torch's choice].")
+@wait_lock_option
 @quiet_option
 def main(models, sizes, episodes, seed, seeds, rounds, protocol, schedule, conflict, deadlock_mode,
          output, resume, shard, registries, prompt, prompt_file, memory, talk, concurrency, rpm,
          tpm, timeout, retries, max_errors, cost_limit, adapter, checkpoint_files, checkpoint_run, decode,
-         temperature, device, batch, threads, quiet):
+         temperature, device, batch, threads, wait_lock, quiet):
     from dphil.errors import UsageError
     from dphil.rollout import Grid, RolloutRequest, parse_int_list, parse_shard, run_request
 
@@ -135,4 +136,4 @@ def main(models, sizes, episodes, seed, seeds, rounds, protocol, schedule, confl
         )
         return run_request(request, console)
 
-    return execute("dphil-rollout", quiet, body)
+    return execute("dphil-rollout", quiet, body, outputs=(output,), wait_lock=wait_lock)

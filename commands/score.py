@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import click
 
-from ._common import command, execute, inputs_argument, on_error_option, output_option, quiet_option
+from ._common import (
+    command,
+    execute,
+    inputs_argument,
+    on_error_option,
+    output_option,
+    quiet_option,
+    wait_lock_option,
+)
 
 HELP = """Score episodes: replay each record's turns, check its outcome, add reward and metrics.
 
@@ -37,10 +45,11 @@ Reads episode JSONL from FILEs or stdin (plain or gzip), writes each record with
 @click.option("--trust-outcome", is_flag=True,
               help="Score the recorded meals/deadlock without replaying the turns.")
 @output_option
+@wait_lock_option
 @on_error_option
 @quiet_option
-def main(inputs, variant, shaped, alpha, beta, gamma, delta, min_meals, trust_outcome, output, on_error,
-         quiet):
+def main(inputs, variant, shaped, alpha, beta, gamma, delta, min_meals, trust_outcome, output, wait_lock,
+         on_error, quiet):
     from dphil.errors import DataError, UsageError
     from dphil.jsonl import RecordReader, RecordWriter
     from dphil.reward import RewardSpec
@@ -68,7 +77,7 @@ def main(inputs, variant, shaped, alpha, beta, gamma, delta, min_meals, trust_ou
             console.error(f"skipped {reader.skipped} bad record(s)")
         return 0
 
-    return execute("dphil-score", quiet, body)
+    return execute("dphil-score", quiet, body, outputs=(output,), wait_lock=wait_lock)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import click
 
-from ._common import command, execute, inputs_argument, on_error_option, output_option, quiet_option
+from ._common import (
+    command,
+    execute,
+    inputs_argument,
+    on_error_option,
+    output_option,
+    quiet_option,
+    wait_lock_option,
+)
 
 HELP = """Summarise scored episodes per cell and test the differences between cells.
 
@@ -49,10 +57,11 @@ comparisons are Holm-adjusted (--adjust). Errored episodes are counted and left 
               help="Warn on stderr about cells where at least this share of episodes has no "
                    "deadlock and no meals.")
 @output_option
+@wait_lock_option
 @on_error_option
 @quiet_option
 def main(inputs, by_text, compares, adjust, power, effect, fmt, no_cells, plot, degenerate_warn,
-         output, on_error, quiet):
+         output, wait_lock, on_error, quiet):
     from dphil import cells, report
     from dphil.errors import UsageError
     from dphil.jsonl import RecordWriter
@@ -90,4 +99,4 @@ def main(inputs, by_text, compares, adjust, power, effect, fmt, no_cells, plot, 
                     writer.write_line(line.encode())
         return 0
 
-    return execute("dphil-stats", quiet, body)
+    return execute("dphil-stats", quiet, body, outputs=(output,), wait_lock=wait_lock)

@@ -6,7 +6,7 @@ import click
 
 from dphil.table import CONFLICTS, DEADLOCK_MODES, PROTOCOLS, SCHEDULES
 
-from ._common import command, execute, output_option, quiet_option
+from ._common import command, execute, output_option, quiet_option, wait_lock_option
 
 BACKENDS = ("peft", "art", "art-serverless", "art-tinker")
 
@@ -232,11 +232,15 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
 @click.option("--art-path", default=None, help="ART's storage directory [default: RUN_DIR/art].")
 @click.option("--project", default="dphil", show_default=True, help="ART project name.")
 @output_option
+@wait_lock_option
 @quiet_option
 def main(**opts):
     from dphil.train.launch import launch
 
-    return execute("dphil-train", opts["quiet"], lambda console: launch(console, opts))
+    # The run directory is locked too: two trainings of one run would interleave its steps.
+    return execute("dphil-train", opts["quiet"], lambda console: launch(console, opts),
+                   outputs=(opts["run_dir"], opts["output"], opts["episodes_out"]),
+                   wait_lock=opts["wait_lock"])
 
 
 if __name__ == "__main__":

@@ -251,9 +251,21 @@ class RecordWriter:
                 self._buffer.write(data)
                 self._buffer.flush()
                 return
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
+            try:
+                while view:
+                    written = os.write(self._fd, view)
+                    view = view[written:]
+            except BaseException as stop:
+                if isinstance(stop, Exception):
+                    raise
+                # Ctrl-C or SIGTERM while a full pipe held a write part-done: finish the line
+                # it was in (a second signal still stops this), so no reader sees half a line.
+                done = len(data) - len(view)
+                torn = done and data[done - 1] != 0x0A
+                tail = view[: data.find(b"\n", done) + 1 - done] if torn else view[:0]
+                while tail:
+                    tail = tail[os.write(self._fd, tail):]
+                raise
         except BrokenPipeError:
             self.broken_pipe = True
             raise

@@ -36,8 +36,10 @@ class Reply:
     """One scripted answer.
 
     kind: `ok` (a completion with `text` and/or `tools`), `status` (an HTTP
-    error with `code`, optional `retry_after` header), `hang` (never answer),
-    `drop` (close the connection without answering).
+    error with `code`, optional `retry_after` header and JSON `body`), `hang`
+    (never answer), `drop` (close the connection without answering), `big` (a
+    completion whose content is `size` bytes, streamed in 1 MiB chunks without a
+    Content-Length, so the server never holds it whole).
     """
 
     kind: str = "ok"
@@ -48,6 +50,8 @@ class Reply:
     retry_after: str | None = None
     latency: float | None = None
     usage: tuple[int, int] | None = None
+    body: Any = None
+    size: int = 0
 
 
 def tool(*names: str, arguments: str = "{}", text: str | None = None) -> Reply:
@@ -60,8 +64,14 @@ def text(content: str, reasoning: str | None = None) -> Reply:
     return Reply(text=content, reasoning=reasoning)
 
 
-def status(code: int, retry_after: str | None = None) -> Reply:
-    return Reply(kind="status", code=code, retry_after=retry_after)
+def status(code: int, retry_after: str | None = None, body: Any = None) -> Reply:
+    """An HTTP error; `body` (JSON) replaces the default `{"error": {"message": ...}}`."""
+    return Reply(kind="status", code=code, retry_after=retry_after, body=body)
+
+
+def big(size: int) -> Reply:
+    """A completion whose message content is `size` bytes of text."""
+    return Reply(kind="big", size=size)
 
 
 HANG = Reply(kind="hang")
@@ -90,10 +100,17 @@ class OpenAIServer:
     in_flight: int = 0
     max_in_flight: int = 0
     keep_requests: bool = True
+    capacity: int | None = None  # requests handled at once (a GPU's batch); None: unbounded
+    arrived: int = 0
+    served: int = 0
 
     def __post_init__(self) -> None:
         self._scripts: dict[str | None, deque[Reply]] = {}
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._hold_from: int | None = None
+        self._released: asyncio.Event | None = None
+        self._slots: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -114,6 +131,32 @@ class OpenAIServer:
                     return queue.popleft()
         return self.default(body)
 
+    # -- synchronising tests on events, not sleeps ---------------------------------
+    def hold_after(self, count: int) -> None:
+        """Answer the first `count` requests (from now on counting all so far), hold the rest
+        until `release()`: a run can be stopped at a known point."""
+        with self._lock:
+            self._hold_from = count
+        if self._loop is not None and self._released is not None:
+            self._loop.call_soon_threadsafe(self._released.clear)
+
+    def release(self) -> None:
+        """Let held requests (and later ones) through."""
+        with self._lock:
+            self._hold_from = None
+        if self._loop is not None and self._released is not None:
+            self._loop.call_soon_threadsafe(self._released.set)
+
+    def wait_arrived(self, count: int, timeout: float = 60.0) -> bool:
+        """Block until `count` requests have arrived in all (True) or `timeout` passed (False)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.arrived >= count, timeout)
+
+    def wait_served(self, count: int, timeout: float = 60.0) -> bool:
+        """Block until `count` requests have been answered in all."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.served >= count, timeout)
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
@@ -121,7 +164,10 @@ class OpenAIServer:
     # -- HTTP -------------------------------------------------------------------
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        with self._lock:
+        with self._changed:
+            index = self.arrived
+            self.arrived += 1
+            held = self._hold_from is not None and index >= self._hold_from
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             if self.keep_requests:
@@ -129,26 +175,47 @@ class OpenAIServer:
                     {"body": body, "authorization": request.headers.get("Authorization"),
                      "time": time.monotonic()}
                 )
+            self._changed.notify_all()
         try:
-            reply = self._next(body)
-            delay = self.latency if reply.latency is None else reply.latency
-            if reply.kind == "hang":
-                await asyncio.sleep(3600)
-            if delay:
-                await asyncio.sleep(delay)
-            if reply.kind == "drop":
-                assert request.transport is not None
-                request.transport.close()
-                return web.Response(status=500)  # never reaches the client
-            if reply.kind == "status":
-                headers = {"Retry-After": reply.retry_after} if reply.retry_after else {}
-                err = {"error": {"message": f"scripted {reply.code}", "type": "server_error",
-                                 "code": str(reply.code)}}
-                return web.json_response(err, status=reply.code, headers=headers)
-            return web.json_response(_completion(body, reply))
+            if held:
+                assert self._released is not None
+                await self._released.wait()
+            if self._slots is not None:
+                async with self._slots:
+                    return await self._answer(request, body)
+            return await self._answer(request, body)
         finally:
-            with self._lock:
+            with self._changed:
                 self.in_flight -= 1
+                self._changed.notify_all()
+
+    async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        response = await self._respond(request, body)
+        with self._changed:
+            self.served += 1
+            self._changed.notify_all()
+        return response
+
+    async def _respond(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        reply = self._next(body)
+        delay = self.latency if reply.latency is None else reply.latency
+        if reply.kind == "hang":
+            await asyncio.sleep(3600)
+        if delay:
+            await asyncio.sleep(delay)
+        if reply.kind == "drop":
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response(status=500)  # never reaches the client
+        if reply.kind == "status":
+            headers = {"Retry-After": reply.retry_after} if reply.retry_after else {}
+            err = reply.body if reply.body is not None else {
+                "error": {"message": f"scripted {reply.code}", "type": "server_error",
+                          "code": str(reply.code)}}
+            return web.json_response(err, status=reply.code, headers=headers)
+        if reply.kind == "big":
+            return await _stream_big(request, body, reply.size)
+        return web.json_response(_completion(body, reply))
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": []})
@@ -158,6 +225,8 @@ class OpenAIServer:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        self._released = asyncio.Event()
+        self._slots = asyncio.Semaphore(self.capacity) if self.capacity else None
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, backlog=1024)
@@ -200,6 +269,27 @@ class OpenAIServer:
         self.stop()
 
 
+async def _stream_big(request: web.Request, body: dict[str, Any], size: int) -> web.StreamResponse:
+    """A valid completion of `size` bytes of content, written chunk by chunk (chunked encoding)."""
+    marker = "@@CONTENT@@"
+    head, tail = json.dumps(_completion(body, text(marker))).encode().split(marker.encode())
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    await response.write(head)
+    chunk = b"a" * (1 << 20)
+    left = size
+    try:
+        while left > 0:
+            await response.write(chunk[:left])
+            left -= len(chunk)
+        await response.write(tail)
+        await response.write_eof()
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass  # the client gave up reading, as it should
+    return response
+
+
 def _completion(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": reply.text}
     if reply.reasoning is not None:
@@ -231,8 +321,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--capacity", type=int, default=None,
+                        help="requests handled at once (like a GPU server's batch)")
     args = parser.parse_args()
-    server = OpenAIServer(latency=args.latency, port=args.port, keep_requests=False).start()
+    server = OpenAIServer(latency=args.latency, port=args.port, keep_requests=False,
+                          capacity=args.capacity).start()
     print(server.url, flush=True)
     try:
         threading.Event().wait()

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -89,22 +88,24 @@ def test_errored_episodes_exit_75_and_resume_retries_only_them(tmp_path, server,
 
 
 def test_sigterm_leaves_whole_lines_and_resume_completes_the_grid(tmp_path, env):
-    with OpenAIServer(latency=0.15) as server:
+    with OpenAIServer() as server:
         models = registry(tmp_path, server)
         out = tmp_path / "out.jsonl"
         args = [command_path("dphil-rollout"), "-m", "local", "-n", "2", "--episodes", "12",
                 "--rounds", "2", "--models", models, "--concurrency", "2", "-o", str(out)]
+        # Answer the calls of a few episodes, then hold the rest: the run is stopped mid-grid
+        # whatever the machine's speed.
+        server.hold_after(12)
         proc = subprocess.Popen(args, env=env, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (not out.exists() or out.stat().st_size == 0):
-            time.sleep(0.05)
+        assert server.wait_arrived(13), "the run never reached the held call"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
-        assert proc.returncode != 0 and b"terminated" in err
+        assert proc.returncode == 143 and b"terminated" in err
         data = out.read_bytes()
         assert data.endswith(b"\n")
         partial = lines(out)
         assert 1 <= len(partial) < 12
+        server.release()
         p = run([*args[:1], *args[1:], "--resume"], env=env)
         assert p.returncode == 0, p.stderr
     ids = [r["episode_id"] for r in lines(out) if r["status"] == "complete"]

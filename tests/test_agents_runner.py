@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -84,8 +85,13 @@ def test_simultaneous_episode_is_a_valid_replayable_record():
 
 
 def test_a_round_s_calls_go_out_together_under_simultaneous_one_at_a_time_under_sequential():
-    with OpenAIServer(latency=0.05) as server:
-        play(server, n=5, rounds=2)
+    with OpenAIServer() as server, ThreadPoolExecutor(1) as pool:
+        server.hold_after(0)  # hold every call: they can only all arrive if sent together
+        played = pool.submit(play, server, n=5, rounds=2)
+        assert server.wait_arrived(5)
+        assert server.in_flight == 5
+        server.release()
+        played.result(timeout=60)
         assert server.max_in_flight == 5
     with OpenAIServer(latency=0.02) as server:
         record = play(server, n=5, rounds=2, schedule="sequential")
@@ -235,13 +241,18 @@ def grid(spec, settings, count, n=2, rounds=2):
 
 def test_run_bounds_concurrency_across_episodes_and_skips_done():
     settings = AgentSettings(builtin_prompt())
-    with OpenAIServer(latency=0.03) as server:
+    with OpenAIServer() as server, ThreadPoolExecutor(1) as pool:
         spec = make_spec(server)
         configs = grid(spec, settings, 8)
         done = {configs[0].episode_id, configs[5].episode_id}
         out: list[dict] = []
-        stats = run_models(configs, {spec.name: spec}, settings, out.append,
-                           limits=Limits(concurrency=3, timeout=5), done=done)
+        server.hold_after(0)  # three calls held at once fill --concurrency 3; no fourth comes
+        running = pool.submit(run_models, configs, {spec.name: spec}, settings, out.append,
+                              limits=Limits(concurrency=3, timeout=30), done=done)
+        assert server.wait_arrived(3)
+        assert not server.wait_arrived(4, timeout=0.5)  # not a timing: nothing may come at all
+        server.release()
+        stats = running.result(timeout=60)
         assert server.max_in_flight == 3
     assert stats.written == 6 and stats.skipped_done == 2 and stats.errors == 0
     assert {r["episode_id"] for r in out} == {c.episode_id for c in configs} - done

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -121,20 +120,22 @@ def test_resume_reruns_errored_episodes_and_repairs_a_torn_line(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_leaves_whole_lines_and_resume_completes(tmp_path, sig):
     out = tmp_path / "grid.jsonl"
-    args = [command_path("dphil-rollout"), "-m", "scripted:random", "-n", "5,50,200", "--episodes", "400",
-            "-o", str(out), "--resume"]
-    proc = subprocess.Popen(args, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (not out.exists() or out.stat().st_size < 200_000):
-        time.sleep(0.02)
+    args = [command_path("dphil-rollout"), "-m", "scripted:random", "-n", "5,50,200", "--episodes", "400"]
+    # The grid (about 30 MB) cannot finish while nobody reads its pipe, so the signal always
+    # arrives mid-run, however fast or busy the machine is; often during a part-done write.
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+    head = b""
+    while len(head) < 200_000:  # unbuffered, so communicate() below gets every later byte
+        head += proc.stdout.read(200_000 - len(head))
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    rest, err = proc.communicate(timeout=60)
     assert proc.returncode == (130 if sig == signal.SIGINT else 143), err
-    data = out.read_bytes()
+    data = head + rest
     assert data.endswith(b"\n")
     partial = records(data)
     assert 0 < len(partial) < 1200
-    rerun = subprocess.run(args, capture_output=True, timeout=300)
+    out.write_bytes(data)
+    rerun = subprocess.run([*args, "-o", str(out), "--resume"], capture_output=True, timeout=300)
     assert rerun.returncode == 0
     final = records(out.read_bytes())
     ids = [r["episode_id"] for r in final]
