@@ -164,7 +164,7 @@ def _replay(record: dict[str, Any]) -> Outcome:
         return _careful_pass(record)
 
 
-def _recorded_winner(record: dict[str, Any], round_turns: list) -> Resolver:
+def recorded_winner(record: dict[str, Any], round_turns: list) -> Resolver:
     """How a replay settles a contested fork: lowest-id, or whoever the round's turns say got it."""
     if record.get("conflict") == "lowest-id":
         return lowest_id
@@ -190,7 +190,7 @@ def _quick_pass(record: dict[str, Any]) -> Outcome:
         raise _Recheck
     chunk: list = []
     table = Table(n, record["rounds"], protocol=record["protocol"],
-                  deadlock_mode=record.get("deadlock_mode", "terminal"), resolve=_recorded_winner(record, chunk))
+                  deadlock_mode=record.get("deadlock_mode", "terminal"), resolve=recorded_winner(record, chunk))
     play_round = table.resolve_round if record["schedule"] == "simultaneous" else table.resolve_sequential_round
     end_round = table.end_round
     played: list = []
@@ -222,7 +222,7 @@ def _careful_pass(record: dict[str, Any]) -> Outcome:
     chunk: list = []
     try:
         table = Table(n, rounds, protocol=record["protocol"],
-                      deadlock_mode=record.get("deadlock_mode", "terminal"), resolve=_recorded_winner(record, chunk))
+                      deadlock_mode=record.get("deadlock_mode", "terminal"), resolve=recorded_winner(record, chunk))
     except ValueError as e:
         raise DataError(str(e)) from None
     simultaneous = record["schedule"] == "simultaneous"

@@ -22,6 +22,7 @@ COMMANDS = {
     "dphil-ckpt-select": "dphil.commands.ckpt_select",
     "dphil-stats": "dphil.commands.stats",
     "dphil-weights": "dphil.commands.weights",
+    "dphil-show": "dphil.commands.show",
 }
 DATE = "2026-12-02"
 

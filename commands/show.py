@@ -1,0 +1,67 @@
+"""dphil-show: look at episodes as timelines (text, SVG, a self-contained HTML page)."""
+
+from __future__ import annotations
+
+import click
+
+from ._common import command, execute, inputs_argument, quiet_option
+
+HELP = """Show episodes as timelines: one row per philosopher, one column per round.
+
+Reads episode JSONL (scored or not) from FILEs or stdin, plain or gzip. Each
+cell shows what a philosopher held after the round (no fork, left, right,
+both) or that it ate; failed and null actions and deadlock rounds are marked,
+the reward terms of scored episodes are shown underneath. Records that are not
+episodes are skipped with a warning naming the line. The input is read only
+as far as needed: `-e 0` on a huge file returns at once.
+
+\b
+  text  (default; also when piped, then without colour) the first episode, or
+        each --episode, or --all of them.
+  svg   one SVG picture: to stdout or -o FILE.svg; with -o DIR/ one file per
+        episode, DIR/<episode_id>.svg, for every episode (or each --episode).
+  html  one self-contained page (no network needed): every episode (up to
+        --limit), filterable by model, N and status; click a cell for that
+        turn's raw reply and tool call.
+  The format defaults to the suffix of -o (.svg, .html, a directory: svg).
+
+\b
+  dphil-show ep.jsonl                         # the first episode
+  dphil-show ep.jsonl -e 3 -e 950c3e5b67bc292d  # the fourth episode, and one by id
+  dphil-rollout -m scripted:naive -n 5 | dphil-score | dphil-show --all --color always | less -R
+  dphil-show ep.jsonl -e 0 -o ep0.svg
+  dphil-show ep.jsonl -o timelines/           # one SVG per episode
+  dphil-show ep.jsonl -o episodes.html
+"""
+
+FORMATS = ("text", "svg", "html")
+
+
+@command("dphil-show", help=HELP)
+@inputs_argument
+@click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="Output format [default: from the suffix of -o, else text].")
+@click.option("-e", "--episode", "episodes", multiple=True, metavar="ID|INDEX",
+              help="An episode id, or an index (0 is the first episode record of the input). "
+                   "Repeatable; shown in input order. Unknown ones exit 65.")
+@click.option("--all", "every", is_flag=True, help="text: every episode, one after another (up to --limit).")
+@click.option("--limit", type=click.IntRange(min=0), default=1000, show_default=True,
+              help="Show at most this many episodes with --all, html or svg -o DIR (0: no limit).")
+@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+              help="Colour text: auto means only when stdout is a terminal (and NO_COLOR is unset).")
+@click.option("-o", "--output", metavar="FILE|DIR", default=None,
+              help="Write to FILE (atomically: a temporary file renamed on success), or for svg one "
+                   "file per episode into DIR (an existing directory, or a path ending in /).")
+@quiet_option
+def main(inputs, fmt, episodes, every, limit, color, output, quiet):
+    def body(console):
+        from dphil.show import ShowRequest, show
+
+        return show(ShowRequest(inputs=list(inputs), fmt=fmt, episodes=list(episodes), every=every,
+                                limit=limit or None, color=color, output=output), console)
+
+    return execute("dphil-show", quiet, body)
+
+
+if __name__ == "__main__":
+    main()
