@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._common import command, execute, inputs_argument, quiet_option
+from ._common import command, execute, inputs_argument, quiet_option, wait_lock_option
 
 HELP = """Show episodes as timelines: one row per philosopher, one column per round.
 
@@ -52,15 +52,16 @@ FORMATS = ("text", "svg", "html")
 @click.option("-o", "--output", metavar="FILE|DIR", default=None,
               help="Write to FILE (atomically: a temporary file renamed on success), or for svg one "
                    "file per episode into DIR (an existing directory, or a path ending in /).")
+@wait_lock_option
 @quiet_option
-def main(inputs, fmt, episodes, every, limit, color, output, quiet):
+def main(inputs, fmt, episodes, every, limit, color, output, wait_lock, quiet):
     def body(console):
         from dphil.show import ShowRequest, show
 
         return show(ShowRequest(inputs=list(inputs), fmt=fmt, episodes=list(episodes), every=every,
                                 limit=limit or None, color=color, output=output), console)
 
-    return execute("dphil-show", quiet, body)
+    return execute("dphil-show", quiet, body, outputs=(output,), wait_lock=wait_lock)
 
 
 if __name__ == "__main__":
