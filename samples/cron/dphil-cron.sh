@@ -31,7 +31,7 @@ else
   exit 69
 fi
 
-echo "$(date -u +%FT%TZ) start pid $$: dphil-rollout $* -o $out --resume" >> "$log"
+echo "$(date -u +%FT%TZ) start pid $$: dphil-rollout $* -o $out --resume --wait-lock 0" >> "$log"
 "$rollout" "$@" -o "$out" --resume --wait-lock 0 >> "$log" 2>&1
 status=$?
 case $status in
