@@ -186,14 +186,30 @@ def outcome_text(tl: Timeline) -> str:
     if rec.get("status") == "error":
         parts.append(f"error: {rec.get('error') or 'unknown'}")
     if tl.deadlock_rounds:
-        rs = ", ".join(map(str, tl.deadlock_rounds))
-        parts.append(f"deadlock in round{'s' if len(tl.deadlock_rounds) > 1 else ''} {rs}")
+        plural = "s" if len(tl.deadlock_rounds) > 1 else ""
+        parts.append(f"deadlock in round{plural} {spans(tl.deadlock_rounds)}")
     else:
         parts.append("no deadlock")
     total = sum(tl.meals)
     parts.append(f"{total} meal{'' if total == 1 else 's'}")
     parts.append(f"{tl.rounds_played} of {tl.rounds} rounds played")
     return " · ".join(parts)
+
+
+def spans(numbers: tuple[int, ...] | list[int]) -> str:
+    """`1, 3-7, 9`: sorted integers with runs written as ranges."""
+    out: list[str] = []
+    run: list[int] = []
+    for k in sorted(numbers):
+        if run and k == run[-1] + 1:
+            run.append(k)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))
+        run = [k]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))
+    return ", ".join(out)
 
 
 def reward_terms(record: dict[str, Any]) -> list[tuple[str, float, float]] | None:
@@ -250,8 +266,8 @@ def turn_text(cell: Cell, philosopher: int, rnd: int) -> str:
 # -- text ------------------------------------------------------------------------------------
 
 GLYPHS = {THINKING: ".", LEFT: "L", RIGHT: "R", BOTH: "B", EATING: "E"}
-LEGEND = ". thinking  L left fork  R right fork  B both forks  E eating  ! failed  ? no action  " \
-         "- no turn  # deadlock"
+LEGEND = ("cells  . no fork  L left fork  R right fork  B both forks  E eating\n"
+          "marks  ! failed action  ? no action (null)  - no turn recorded  # deadlock")
 _SGR = {THINKING: "2", LEFT: "36", RIGHT: "36", BOTH: "1;34", EATING: "1;32", "!": "1;31", "?": "1;33",
         "#": "1;31", "-": "2", "head": "1"}
 
@@ -335,7 +351,7 @@ def episode_svg(record: dict[str, Any], *, tl: Timeline | None = None, standalon
     tl = tl or timeline(record)
     n, rounds, played = tl.n, tl.rounds, tl.rounds_played
     reward = reward_text(record) if standalone else None
-    left, top = 44, (62 if standalone else 18)
+    left, top = 66, (62 if standalone else 18)  # room for the "deadlock" label, so grids line up
     grid_w = max(rounds, 1) * PITCH_X
     grid_bottom = top + n * PITCH_Y
     width = left + grid_w + 70
@@ -357,8 +373,11 @@ def episode_svg(record: dict[str, Any], *, tl: Timeline | None = None, standalon
         x = left + (r - 1) * PITCH_X - 3
         parts.append(f'<rect class="deadlock" data-r="{r}" x="{x}" y="{top - 16}" width="{CELL_W + 6}" '
                      f'height="{n * PITCH_Y + 14}" rx="5" fill="{_DEADLOCK}" fill-opacity="0.13"/>')
-        parts.append(f'<text x="{x + (CELL_W + 6) / 2}" y="{grid_bottom + 9}" text-anchor="middle" '
-                     f'font-size="9" font-weight="bold" fill="{_DEADLOCK}">deadlock</text>')
+        parts.append(f'<rect x="{x + 3}" y="{grid_bottom + 1}" width="{CELL_W}" height="4" rx="2" '
+                     f'fill="{_DEADLOCK}"/>')
+    if tl.deadlock_rounds:
+        parts.append(f'<text x="{left - 8}" y="{grid_bottom + 7}" text-anchor="end" font-size="10" '
+                     f'font-weight="bold" fill="{_DEADLOCK}">deadlock</text>')
     for r in range(1, rounds + 1):
         x = left + (r - 1) * PITCH_X + CELL_W / 2
         parts.append(f'<text x="{x}" y="{top - 5}" text-anchor="middle" font-size="10" '
@@ -398,7 +417,7 @@ def episode_svg(record: dict[str, Any], *, tl: Timeline | None = None, standalon
 
 def legend_svg(x: int, y: int) -> str:
     """A row of small example cells with their meaning."""
-    items = [(THINKING, {}, "thinking"), (LEFT, {}, "left fork"), (RIGHT, {}, "right fork"),
+    items = [(THINKING, {}, "no fork"), (LEFT, {}, "left fork"), (RIGHT, {}, "right fork"),
              (BOTH, {}, "both forks"), (EATING, {}, "eating"), (THINKING, {"failed": True}, "failed"),
              (THINKING, {"null": True}, "no action")]
     out = [f'<g class="legend" transform="translate({x} {y}) scale(0.8)">']

@@ -30,6 +30,7 @@ header.page .src{color:var(--muted)}
 .filters label{color:var(--muted)}
 .filters select{font:inherit;padding:2px 4px;margin-left:4px}
 #count{font-weight:600}
+#tally{color:var(--muted)}
 main{padding:16px 20px;display:grid;gap:14px;max-width:1200px}
 section.episode{background:#fff;border:1px solid var(--line);border-radius:8px;padding:12px 14px}
 section.episode h2{font-size:15px;margin:0 0 2px}
@@ -84,16 +85,21 @@ SCRIPT = r"""
     select.addEventListener("change", filter);
   });
   function filter() {
-    var shown = 0;
+    var shown = 0, deadlocked = 0, errors = 0;
     episodes.forEach(function (e) {
       var ok = keys.every(function (k) {
         return !selects[k] || !selects[k].value || e.dataset[k] === selects[k].value;
       });
       e.hidden = !ok;
-      if (ok) shown++;
+      if (!ok) return;
+      shown++;
+      if (e.dataset.deadlock === "yes") deadlocked++;
+      if (e.dataset.status === "error") errors++;
     });
     var count = document.getElementById("count");
     if (count) count.textContent = shown + " of " + episodes.length + " episode" + (episodes.length === 1 ? "" : "s");
+    var tally = document.getElementById("tally");
+    if (tally) tally.textContent = shown ? deadlocked + " deadlocked" + (errors ? ", " + errors + " errored" : "") : "";
   }
   filter();
 
@@ -188,6 +194,7 @@ def episode_section(record: dict[str, Any], index: int, *, tl: Timeline | None =
     bad = bool(tl.deadlock_rounds) or record.get("status") == "error"
     attrs = (f'id="e{index}" data-model="{escape(str(record.get("model", "")))}" data-n="{tl.n}" '
              f'data-status="{escape(str(record.get("status", "")))}" '
+             f'data-deadlock="{"yes" if tl.deadlock_rounds else "no"}" '
              f'data-episode="{escape(str(record.get("episode_id", "")))}"')
     return (f'<section class="episode" {attrs}>'
             f'<h2><span class="id">{escape(str(record.get("episode_id", "")))}</span>{escape(describe(record))}</h2>'
@@ -232,7 +239,7 @@ class EpisodePage:
              "<label>model <select id=\"f-model\"><option value=\"\">all</option></select></label>"
              "<label>table <select id=\"f-n\"><option value=\"\">all</option></select></label>"
              "<label>status <select id=\"f-status\"><option value=\"\">all</option></select></label>"
-             f"<span id=\"count\"></span></form>{legend_html()}</header>\n<main>\n").encode())
+             f"<span id=\"count\"></span><span id=\"tally\"></span></form>{legend_html()}</header>\n<main>\n").encode())
 
     def add(self, record: dict[str, Any], tl: Timeline | None = None) -> None:
         self.out.write(episode_section(record, self.count, tl=tl).encode())

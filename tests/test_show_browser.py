@@ -84,6 +84,7 @@ def test_filters_show_only_matching_episodes(files, b):
     page = b.open(files["page"])
     page.select_option("#f-model", "scripted:naive")
     assert page.locator("#count").inner_text() == "2 of 8 episodes"
+    assert page.locator("#tally").inner_text() == "2 deadlocked"
     visible = page.locator("section.episode:visible")
     assert visible.count() == 2
     assert {s.get_attribute("data-model") for s in visible.all()} == {"scripted:naive"}
@@ -106,12 +107,14 @@ def test_clicking_a_cell_shows_that_turn(files, b):
     panel = section.locator(".turn")
     assert "P0 · round 1: no action" in panel.inner_text()
     assert episodes.HOSTILE in panel.locator("pre").first.inner_text()  # the raw reply, as text
+    section.locator('.mark[data-p="2"][data-r="1"]').press("Enter")  # keyboard too
+    assert "P2 · round 1: pick-up-right" in panel.inner_text()
     section.locator('.mark[data-p="1"][data-r="1"]').click()
     text = panel.inner_text()
     assert "pick-up-left" in text and "tool call" in text and '"name": "pick-up-left"' in text
-    section.locator('.mark[data-p="2"][data-r="1"]').press("Enter")  # keyboard too
-    assert "P2 · round 1" in panel.inner_text()
+    assert section.locator(".mark.sel").count() == 1
     assert page.evaluate("window.pwned === undefined")
+    page.mouse.move(0, 0)  # no hover outline in the picture
     shot = files["folder"] / "turn.png"
     png = b.screenshot(page, shot, selector="section.episode:visible")
     assert b.problems == []
