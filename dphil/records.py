@@ -17,7 +17,8 @@ from . import __version__
 from .errors import DataError
 from .table import CONFLICTS, DEADLOCK_MODES, PROTOCOLS, SCHEDULES, Table
 
-SCHEMA_VERSION = 1
+# 2: local models' turns keep their reply as `raw`, like API turns (1 called it `reply`).
+SCHEMA_VERSION = 2
 
 
 
@@ -119,6 +120,12 @@ class EpisodeConfig:
             "deadlock_mode": self.deadlock_mode,
             **self.variant,
         }
+
+
+def turn_raw(turn: dict[str, Any]) -> str | None:
+    """A model turn's raw reply: `raw`, or `reply` in schema-1 records of local models."""
+    raw = turn.get("raw")
+    return turn.get("reply") if raw is None else raw
 
 
 def episode_id(identity: dict[str, Any]) -> str:

@@ -98,3 +98,44 @@ def test_missing_adapter_and_misused_options(trained, tmp_path):
     assert proc.returncode == 66 and b"deleted-adapter" in proc.stderr
     assert run(["dphil-rollout", "-m", "scripted:naive", "--adapter", str(d)]).returncode == 64
     assert run(["dphil-rollout", "-m", "hf:", *LOCAL]).returncode == 64
+
+
+def test_local_turns_keep_the_reply_as_raw_and_old_records_still_read(trained, tmp_path):
+    from dphil.records import SCHEMA_VERSION, turn_raw
+
+    _, model, prompt = trained
+    proc = run(["dphil-rollout", "-m", f"hf:{model}", "--seeds", "7", "--prompt-file", str(prompt), *LOCAL])
+    assert proc.returncode == 0, proc.stderr.decode()
+    rec = records(proc.stdout)[0]
+    assert rec["schema_version"] == SCHEMA_VERSION == 2
+    assert all(t["raw"].startswith("ACTION: ") and "reply" not in t for t in rec["turns"])
+    # A schema-1 record of a local model kept the same text as `reply`: readers take either.
+    old = json.loads(json.dumps(rec))
+    old["schema_version"] = 1
+    for t in old["turns"]:
+        t["reply"] = t.pop("raw")
+    assert [turn_raw(t) for t in old["turns"]] == [turn_raw(t) for t in rec["turns"]] == [
+        t["raw"] for t in rec["turns"]]
+    scored = run(["dphil-score", "--shaped"], input=(json.dumps(old) + "\n" + json.dumps(rec) + "\n").encode())
+    assert scored.returncode == 0, scored.stderr.decode()
+    a, b = records(scored.stdout)
+    assert a["reward"] == b["reward"]
+
+
+@pytest.mark.parametrize("broken, code", [("empty", 66), ("bad-config", 65), ("bad-weights", 65)])
+def test_a_model_directory_transformers_cannot_load_is_one_line(trained, tmp_path, broken, code):
+    _, model, _ = trained
+    bad = tmp_path / broken
+    bad.mkdir()
+    if broken == "bad-config":
+        (bad / "config.json").write_text("{not json")
+    if broken == "bad-weights":
+        for p in Path(model).iterdir():
+            if p.is_file():
+                (bad / p.name).write_bytes(p.read_bytes())
+        weights = next(bad.glob("*.safetensors"))
+        weights.write_bytes(weights.read_bytes()[:100])
+    proc = run(["dphil-rollout", "-m", f"hf:{bad}", *LOCAL])
+    err = proc.stderr.decode()
+    assert proc.returncode == code, err
+    assert err.count("\n") == 1 and str(bad) in err and "Traceback" not in err

@@ -176,7 +176,7 @@ def test_episodes_out_keeps_every_training_episode_scored_and_replayable(full_ru
         # Played with the adapter of the previous step (0 = the base model).
         assert e["checkpoint_step"] == e["train_step"] - 1
         assert e["reward"]["variant"] == "paper"
-        assert all(t["reply"].startswith("ACTION: ") for t in e["turns"])
+        assert all(t["raw"].startswith("ACTION: ") for t in e["turns"])
         rescored = score_record(json.loads(json.dumps(e)), RewardSpec())
         assert rescored["reward"]["total"] == pytest.approx(e["reward"]["total"])
     for r in records:

@@ -239,7 +239,7 @@ class ArtBackend:
                 histories[i].append(
                     {"role": "tool", "tool_call_id": call.id, "content": "Action received."}
                 )
-            return parsed.action, {"reply": choice.message.content, "tool_call": parsed.tool_call}
+            return parsed.action, {"raw": choice.message.content, "tool_call": parsed.tool_call}
 
         while not table.over:
             if config.schedule == "simultaneous":

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import MissingExtraError, NoInputError, UsageError
+from ..agents.chat_templates import ensure_chat_template, for_family
+from ..errors import DataError, MissingExtraError, NoInputError, UsageError
 
 DECODE_MODES = ("constrained", "free")
 # What every constrained reply looks like: the text fallback of the API path.
@@ -106,15 +107,12 @@ class LocalModel:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.micro_batch = max(1, micro_batch)
-        if not Path(path).exists() and "/" not in path:
-            raise NoInputError(f"{path}: no such model directory")
-        try:
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-            model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
-        except OSError as e:
-            raise NoInputError(f"{path}: cannot load the model: {_first_line(e)}") from None
+        self.tokenizer, model = load_pretrained(transformers, path, self.dtype)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        # A base model (Gemma 3 270M) has no chat template: use its family's, from data.
+        template = ensure_chat_template(self.tokenizer, getattr(model.config, "model_type", None))
+        self.chat_template = "model" if template is None else template.name
         self.eos_ids = _eos_ids(self.tokenizer, model)
         if adapter is not None:
             model = load_adapter(model, adapter, trainable=False)
@@ -433,9 +431,35 @@ def load_adapter(model: Any, adapter: str, *, trainable: bool) -> Any:
     return PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
 
 
+def load_pretrained(transformers: Any, path: str, dtype: Any) -> tuple[Any, Any]:
+    """Tokenizer and causal LM from `path`; one line naming it when they cannot be loaded.
+
+    Exit 66 when there is no model there (no directory, no config.json, missing
+    files), 65 when what is there is broken (unreadable config, truncated weights).
+    """
+    p = Path(path)
+    local = p.exists() or path.startswith((".", "/", "~"))
+    if local and not (p / "config.json").is_file():
+        what = "no config.json" if p.is_dir() else "no such directory"
+        raise NoInputError(f"{path}: not a transformers model directory ({what})")
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except OSError as e:  # files missing (or not in the local hub cache), or unreadable
+        missing = not local or "does not appear to have" in str(e) or "no file named" in str(e)
+        error = NoInputError if missing else DataError
+        raise error(f"{path}: cannot load the model: {_first_line(e)}") from None
+    except Exception as e:  # transformers raises ValueError, KeyError, safetensors errors...
+        raise DataError(f"{path}: cannot load the model: {type(e).__name__}: {_first_line(e)}") from None
+    return tokenizer, model
+
+
 def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
+    """The tokens that end a reply: the chat format's end of turn first (constrained replies end so)."""
+    family = for_family(getattr(model.config, "model_type", None))
     ids: list[int] = []
     for source in (
+        *[tokenizer.convert_tokens_to_ids(t) for t in (family.stop if family else ())],
         tokenizer.convert_tokens_to_ids("<|im_end|>"),
         tokenizer.eos_token_id,
         getattr(model.generation_config, "eos_token_id", None),

@@ -137,7 +137,7 @@ def play_episodes(
         seats[e][i].exchanges.append((obs, d.text))
         decisions[e].append(d)
         extra = {
-            "reply": d.text,
+            "raw": d.text,
             "prompt_tokens": len(d.prompt_ids),
             "completion_tokens": len(d.completion_ids),
         }
