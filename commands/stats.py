@@ -29,6 +29,7 @@ comparisons are Holm-adjusted (--adjust). Errored episodes are counted and left 
   dphil-stats ep.jsonl --format markdown
   dphil-stats runs/*.jsonl --compare model qwen3-14b qwen3-14b-grpo --power
   dphil-stats ep.jsonl --by model,n,prompt --compare prompt v1 v2 --plot reward.png
+  dphil-stats ep.jsonl --compare model scripted:naive scripted:hierarchy --format html -o report.html
 """
 
 
@@ -46,8 +47,12 @@ comparisons are Holm-adjusted (--adjust). Errored episodes are counted and left 
                    "0.8) and the smallest g the current arms can detect.")
 @click.option("--effect", type=float, default=None, metavar="G",
               help="Plan --power for this Hedges' g instead of the observed one (implies --power).")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown", "csv", "table"]),
-              default="jsonl", show_default=True, help="Records, or a table for papers/terminals.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown", "csv", "table", "html"]),
+              default="jsonl", show_default=True,
+              help="Records, a table for papers/terminals, or html: one self-contained page with "
+                   "the tables, the plots and episode timelines.")
+@click.option("--timelines", type=click.IntRange(min=0), default=None, metavar="K",
+              help="html: draw the first K complete episodes of each cell [default: 3; 0: none].")
 @click.option("--no-cells", is_flag=True, help="Write only the comparisons.")
 @click.option("--plot", metavar="FILE", default=None,
               help="Also draw mean reward and deadlock rate with CIs per cell to FILE "
@@ -60,8 +65,8 @@ comparisons are Holm-adjusted (--adjust). Errored episodes are counted and left 
 @wait_lock_option
 @on_error_option
 @quiet_option
-def main(inputs, by_text, compares, adjust, power, effect, fmt, no_cells, plot, degenerate_warn,
-         output, wait_lock, on_error, quiet):
+def main(inputs, by_text, compares, adjust, power, effect, fmt, timelines, no_cells, plot,
+         degenerate_warn, output, wait_lock, on_error, quiet):
     from dphil import cells, report
     from dphil.errors import UsageError
     from dphil.jsonl import RecordWriter
@@ -74,8 +79,15 @@ def main(inputs, by_text, compares, adjust, power, effect, fmt, no_cells, plot, 
             raise UsageError("--effect must be a finite number")
         if plot:
             report.check_plot(plot)
+        if timelines is not None and fmt != "html":
+            raise UsageError("--timelines goes with --format html")
+        sample = None
+        if fmt == "html":
+            from dphil.html_report import DEFAULT_TIMELINES, EpisodeSample
+
+            sample = EpisodeSample(by, DEFAULT_TIMELINES if timelines is None else timelines)
         episodes = cells.load(inputs, [*by, *(c.field for c in wanted)], on_error=on_error,
-                              warn=console.warn)
+                              warn=console.warn, keep=sample)
         if episodes.skipped:
             console.error(f"skipped {episodes.skipped} bad record(s)")
         if episodes.frame.height == 0:
@@ -93,6 +105,12 @@ def main(inputs, by_text, compares, adjust, power, effect, fmt, no_cells, plot, 
             if fmt == "jsonl":
                 for record in [*shown, *comps]:
                     writer.write(record)
+            elif fmt == "html":
+                from dphil.html_report import render_page
+
+                page = render_page(cell_list, comps, by, sources=list(inputs), sample=sample,
+                                   compared=bool(wanted))
+                writer.write_line(page.encode())
             else:
                 text = report.render(fmt, shown, comps, by)
                 for line in text.splitlines(keepends=True):

@@ -80,6 +80,9 @@ _RESERVED = frozenset({
 })
 
 Warn = Callable[[str], None]
+# Sees each source once it is read: its name, its bytes when they were read into memory
+# (stdin, gzip, pipes; None for a plain file polars read itself) and its rows.
+Keep = Callable[[str, "bytes | None", pl.DataFrame], None]
 
 
 def _silent(_: str) -> None:
@@ -133,8 +136,14 @@ def load(
     on_error: str = "fail",
     stdin: IO[bytes] | None = None,
     warn: Warn = _silent,
+    keep: Keep | None = None,
 ) -> Episodes:
-    """Read scored episodes from files or `-`, keeping `fields` and the measures."""
+    """Read scored episodes from files or `-`, keeping `fields` and the measures.
+
+    `keep`, when given, is called once per source after it is read (what the
+    HTML report uses to take a few whole episodes per cell without reading
+    stdin twice).
+    """
     fields = list(dict.fromkeys(fields))
     check_fields(fields)
     raw = dict(_RAW)
@@ -143,7 +152,10 @@ def load(
     frames: list[pl.DataFrame] = []
     skipped = 0
     for src in list(sources) or ["-"]:
-        frame, bad = _load_source(src, raw, fields, on_error, stdin, warn)
+        frame, bad, data = _load_source(src, raw, fields, on_error, stdin, warn)
+        if keep is not None:
+            keep(src, data, frame)
+        del data
         frames.append(frame)
         skipped += bad
     frame = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
@@ -158,7 +170,7 @@ def _load_source(
     on_error: str,
     stdin: IO[bytes] | None,
     warn: Warn,
-) -> tuple[pl.DataFrame, int]:
+) -> tuple[pl.DataFrame, int, bytes | None]:
     data: bytes | None = None
     if src == "-":
         data = _read_all(src, open_input(src, stdin))
@@ -177,10 +189,10 @@ def _load_source(
         parsed = pl.read_ndjson(io.BytesIO(data) if data is not None else src, schema=raw)
         frame = _derive(parsed, fields)
         if not _has_bad_rows(parsed, frame, fields):
-            return frame, 0
+            return frame, 0, data
     except (pl.exceptions.PolarsError, OSError):
         pass
-    return _load_slowly(src, data, fields, on_error, warn)
+    return (*_load_slowly(src, data, fields, on_error, warn), data)
 
 
 def _read_all(src: str, stream: IO[bytes]) -> bytes:

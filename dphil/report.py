@@ -78,7 +78,7 @@ def cell_rows(cells: list[dict[str, Any]], by: Sequence[str]) -> tuple[list[str]
         header += ["tokens in", "tokens out", "cost"]
     rows = []
     for c in cells:
-        row = [_value(c.get(f)) for f in by] + [
+        row = [value_text(c.get(f)) for f in by] + [
             str(c["episodes"]), str(c["errors"]),
             with_ci(c["reward_mean"], c["reward_ci"]),
             pct_ci(c["deadlock_rate"], c["deadlock_ci"]),
@@ -114,8 +114,8 @@ def comparison_rows(
     for c in comps:
         dl = c["deadlock"]
         t = _NA if c["welch_t"] is None else f"{c['welch_t']:.2f} ({c['df']:.1f})"
-        row = [_value(c[f]) if f in c else "" for f in group] + [
-            f"{c['field']}: {_value(c['a']['value'])} → {_value(c['b']['value'])}",
+        row = [value_text(c[f]) if f in c else "" for f in group] + [
+            f"{c['field']}: {value_text(c['a']['value'])} → {value_text(c['b']['value'])}",
             f"{c['a']['episodes']}/{c['b']['episodes']}",
             _signed(c["diff"], c["diff_ci"]),
             t,
@@ -145,7 +145,7 @@ def comparison_rows(
     return header, rows
 
 
-def _value(v: Any) -> str:
+def value_text(v: Any) -> str:
     if v is None:
         return _NA
     if isinstance(v, bool):
@@ -160,7 +160,7 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
     def esc(s: str) -> str:
         return s.replace("|", "\\|")
 
-    numeric = [_numeric_column(rows, k) for k in range(len(header))]
+    numeric = [numeric_column(rows, k) for k in range(len(header))]
     lines = ["| " + " | ".join(esc(h) for h in header) + " |",
              "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
     lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
@@ -170,7 +170,7 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
 def table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[k]) for r in rows)) if rows else len(h)
               for k, h in enumerate(header)]
-    numeric = [_numeric_column(rows, k) for k in range(len(header))]
+    numeric = [numeric_column(rows, k) for k in range(len(header))]
 
     def line(cells: list[str]) -> str:
         return "  ".join(
@@ -182,7 +182,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _numeric_column(rows: list[list[str]], k: int) -> bool:
+def numeric_column(rows: list[list[str]], k: int) -> bool:
     values = [r[k] for r in rows if r[k] != _NA]
     return bool(values) and all(v[:1].isdigit() or v[:1] in "+-<" for v in values)
 
@@ -240,15 +240,15 @@ def render(
         parts.append(draw(*comparison_rows(comps, by)))
         notes = [(c, n) for c in comps for n in c["notes"]]
         if notes:
-            lines = [f"- {_note_label(c, by)}: {n}" for c, n in notes]
+            lines = [f"- {note_label(c, by)}: {n}" for c, n in notes]
             parts.append("Notes:\n\n" + "\n".join(lines) + "\n" if fmt == "markdown"
                          else "notes:\n" + "\n".join(lines) + "\n")
     return "\n".join(parts)
 
 
-def _note_label(c: dict[str, Any], by: Sequence[str]) -> str:
-    group = " ".join(f"{f}={_value(c[f])}" for f in by if f in c and f != c["field"])
-    what = f"{c['field']} {_value(c['a']['value'])} vs {_value(c['b']['value'])}"
+def note_label(c: dict[str, Any], by: Sequence[str]) -> str:
+    group = " ".join(f"{f}={value_text(c[f])}" for f in by if f in c and f != c["field"])
+    what = f"{c['field']} {value_text(c['a']['value'])} vs {value_text(c['b']['value'])}"
     return f"{what} {group}".strip()
 
 
@@ -273,17 +273,48 @@ def plot(cells: list[dict[str, Any]], by: Sequence[str], path: str) -> None:
     """Mean reward (95% t CI) and deadlock rate (95% Wilson CI) per cell: one line per
     series across N when `n` is a grouping field, otherwise one point per cell."""
     ext = check_plot(path)
+    plt = _pyplot()
+    fig = _figure(plt, cells, by)
+    try:
+        _save(fig, path, ext)
+    finally:
+        plt.close(fig)
+
+
+def plot_svg(cells: list[dict[str, Any]], by: Sequence[str]) -> str:
+    """The same picture as an `<svg>` element to put inline in a page (text kept as text)."""
+    import io
+
+    import matplotlib
+
+    plt = _pyplot()
+    fig = _figure(plt, cells, by)
+    buf = io.StringIO()
+    try:
+        with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "dphil-stats"}):
+            fig.savefig(buf, format="svg", metadata={"Date": None})
+    finally:
+        plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _figure(plt: Any, cells: list[dict[str, Any]], by: Sequence[str]) -> Any:
     cells = [c for c in cells if c["episodes"]]
     x_field = "n" if "n" in by else None
     series_fields = [f for f in by if f != x_field]
     series: dict[str, list[dict[str, Any]]] = {}
     for c in cells:
-        label = ", ".join(_value(c[f]) for f in series_fields) or "all"
+        label = ", ".join(value_text(c[f]) for f in series_fields) or "all"
         series.setdefault(label, []).append(c)
     fig, (ax_r, ax_d) = plt.subplots(1, 2, figsize=(11, 4.2))
     labels = list(series)
@@ -312,8 +343,7 @@ def plot(cells: list[dict[str, Any]], by: Sequence[str], path: str) -> None:
     if x_field and len(labels) > 1:
         ax_r.legend(fontsize="small")
     fig.tight_layout()
-    _save(fig, path, ext)
-    plt.close(fig)
+    return fig
 
 
 def _save(fig: Any, path: str, ext: str) -> None:
