@@ -8,9 +8,10 @@ table. Everything is inline: no script or style is fetched.
 
 dphil-stats reads a million episodes as a polars frame of a few fields; the
 page must not undo that by keeping whole episodes. `EpisodeSample` sees each
-source once it has been read (`dphil.cells.load(keep=...)`) and keeps only
-the first `k` complete episodes of each cell, reading the source's lines
-again only until every cell it holds has its `k`.
+source once it has been read (`dphil.cells.load(keep=...)`, with the bytes
+already in memory for stdin, gzip and pipes) and keeps only the first `k`
+complete episodes of each cell: the frame names their rows, and only those
+lines of the source are parsed again.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from html import escape
-from typing import Any
+from typing import IO, Any
 
 import orjson
 import polars as pl
@@ -30,6 +31,18 @@ from .jsonl import open_input
 DEFAULT_TIMELINES = 3
 
 Key = tuple[str | None, ...]
+
+
+def _episode(line: bytes) -> dict[str, Any] | None:
+    """A complete episode record, or None for anything else (dphil-stats judged those lines)."""
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if (not isinstance(record, dict) or record.get("kind", "episode") != "episode"
+            or record.get("status") != "complete"):
+        return None
+    return record
 
 
 def key_value(value: Any) -> str | None:
@@ -53,40 +66,77 @@ class EpisodeSample:
         self._seen: dict[Key, int] = {}  # complete episodes per cell in the sources so far
 
     def __call__(self, source: str, data: bytes | None, frame: pl.DataFrame) -> None:
-        """Take this source's share: `data` when it was read into memory, else the file again."""
+        """Take this source's share: from `data` when it was read into memory, else the file.
+
+        The frame says which rows are wanted (the first complete ones of each
+        cell still short of `k`), so only those lines are parsed. Should a
+        wanted line not be the episode its row says (lines the frame does not
+        count the same way, such as ones `--on-error skip` left out), the
+        source is scanned again by the records' own fields.
+        """
         if self.k <= 0 or frame.height == 0:
             return
-        counts = frame.filter(~pl.col("_error")).group_by(self.by).len()
-        for row in counts.iter_rows():
-            key = tuple(key_value(v) for v in row[:-1])
-            self._seen[key] = self._seen.get(key, 0) + row[-1]
-        due = sum(max(0, min(self.k, seen) - len(self.kept.get(key, ())))
-                  for key, seen in self._seen.items())
-        if due == 0:
+        done = frame.select(self.by).with_row_index("_row").filter(~frame["_error"])
+        wanted: dict[int, Key] = {}
+        short = {}
+        for row in done.iter_rows():
+            key = tuple(key_value(v) for v in row[1:])
+            self._seen[key] = self._seen.get(key, 0) + 1
+            room = short.setdefault(key, self.k - len(self.kept.get(key, ())))
+            if room > 0:
+                wanted[row[0]] = key
+                short[key] = room - 1
+        if not wanted:
             return
-        stream = io.BytesIO(data) if data is not None else open_input(source)
-        try:
+        if not self._take_rows(source, data, wanted):
+            self._scan(source, data)
+
+    def _lines(self, source: str, data: bytes | None) -> IO[bytes]:
+        return io.BytesIO(data) if data is not None else open_input(source)
+
+    def _take_rows(self, source: str, data: bytes | None, wanted: dict[int, Key]) -> bool:
+        """Parse just the wanted rows' lines; False when one is not the episode expected."""
+        taken: list[tuple[Key, dict[str, Any]]] = []
+        last = max(wanted)
+        row = -1
+        with self._lines(source, data) as stream:
             for line in stream:
                 if not line.strip():
                     continue
-                try:
-                    record = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue  # dphil-stats has already refused or counted it
-                if (not isinstance(record, dict) or record.get("kind", "episode") != "episode"
-                        or record.get("status") != "complete"):
+                row += 1
+                key = wanted.get(row)
+                if key is None:
+                    continue
+                record = _episode(line)
+                if record is None or tuple(key_value(record.get(f)) for f in self.by) != key:
+                    return False
+                taken.append((key, record))
+                if row == last:
+                    break
+        if len(taken) != len(wanted):
+            return False
+        for key, record in taken:
+            self.kept.setdefault(key, []).append(record)
+        return True
+
+    def _scan(self, source: str, data: bytes | None) -> None:
+        """Read every line of the source, keeping the first `k` complete episodes per cell."""
+        due = sum(max(0, min(self.k, seen) - len(self.kept.get(key, ())))
+                  for key, seen in self._seen.items())
+        with self._lines(source, data) as stream:
+            for line in stream:
+                if due <= 0:
+                    break
+                if not line.strip():
+                    continue
+                record = _episode(line)
+                if record is None:
                     continue
                 key = tuple(key_value(record.get(f)) for f in self.by)
                 got = self.kept.setdefault(key, [])
-                if len(got) >= self.k:
-                    continue
-                got.append(record)
-                if len(got) <= self._seen.get(key, 0):
+                if len(got) < min(self.k, self._seen.get(key, 0)):
+                    got.append(record)
                     due -= 1
-                    if due == 0:
-                        break
-        finally:
-            stream.close()
 
     def of(self, cell: dict[str, Any]) -> list[dict[str, Any]]:
         return self.kept.get(tuple(key_value(cell.get(f)) for f in self.by), [])

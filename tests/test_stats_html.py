@@ -194,6 +194,16 @@ def test_the_sample_keeps_k_per_cell_of_a_large_input(tmp_path):
         assert sorted(sample.kept) == [("scripted:hierarchy", "3"), ("scripted:naive", "3")]
         assert [len(v) for v in sample.kept.values()] == [k, k]
         assert [e["seed"] for e in sample.kept[("scripted:naive", "3")]] == list(range(k))
+    # A line the frame leaves out (--on-error skip) shifts the rows: the sample notices
+    # and falls back to the records' own fields, so it still holds the first K per cell.
+    lines = ep.read_bytes().splitlines(keepends=True)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"".join([lines[0], b"{not json\n", *lines[1:]]))
+    sample = EpisodeSample(["model", "n"], 3)
+    loaded = cells.load([str(bad)], ["model", "n"], keep=sample, on_error="skip")
+    assert loaded.skipped == 1 and loaded.frame.height == 1000
+    for key, got in sample.kept.items():
+        assert [e["seed"] for e in got] == [0, 1, 2], key
 
 
 def test_grouping_values_match_between_episodes_and_cells():
