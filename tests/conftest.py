@@ -71,3 +71,21 @@ def real_model():
     hf = run(["dphil-weights", "-q"], timeout=1200)
     assert hf.returncode == 0, hf.stderr.decode()
     return Path(gguf.stdout.decode().strip()), Path(hf.stdout.decode().strip())
+
+
+def keep_picture(png: bytes | Path, name: str) -> None:
+    """With DPHIL_SCREENSHOTS=DIR, keep a test's picture for the README (64 colours: small files).
+
+    The README's pictures are the tests' own renderings: `DPHIL_SCREENSHOTS=docs/img pytest ...`.
+    """
+    target = os.environ.get("DPHIL_SCREENSHOTS")
+    if not target:
+        return
+    import io
+
+    from PIL import Image
+
+    Path(target).mkdir(parents=True, exist_ok=True)
+    data = png.read_bytes() if isinstance(png, Path) else png
+    with Image.open(io.BytesIO(data)) as im:
+        im.convert("RGB").quantize(colors=64).save(Path(target) / name, optimize=True)

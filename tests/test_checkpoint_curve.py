@@ -20,7 +20,7 @@ from dphil.checkpoint_plot import curve_image, run_curve
 from dphil.checkpoints import located
 from dphil.errors import DataError
 from dphil.jsonl import RecordReader
-from tests.conftest import command_path
+from tests.conftest import command_path, keep_picture
 
 pytest.importorskip("matplotlib")
 
@@ -94,6 +94,7 @@ def test_svg_has_a_point_per_step_and_the_chosen_step_ringed(tmp_path):
     # Text stays text, and the same input draws the same bytes.
     assert "reward (higher is better)" in text
     assert curve_image(curve_of(ckpts, best), "svg") == svg
+    keep_picture(curve_image(curve_of(ckpts, best), "png"), "train-curve.png")
 
 
 def test_without_a_selection_nothing_is_marked_and_runs_get_their_own_curves(tmp_path):

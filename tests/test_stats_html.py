@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
 import subprocess
 from html.parser import HTMLParser
@@ -21,7 +20,7 @@ import pytest
 
 from dphil import report
 from dphil.html_report import EpisodeSample, key_value
-from tests.conftest import command_path, run
+from tests.conftest import command_path, keep_picture, run
 
 MODELS = ("scripted:naive", "scripted:hierarchy", "scripted:random")
 SIZES = (3, 5, 8)
@@ -214,17 +213,6 @@ def test_grouping_values_match_between_episodes_and_cells():
 # -- in the browser -------------------------------------------------------------------------
 
 
-def keep_screenshot(png: Path, name: str) -> None:
-    """With DPHIL_SCREENSHOTS=DIR, keep a copy for the README, in 64 colours to stay small."""
-    target = os.environ.get("DPHIL_SCREENSHOTS")
-    if target:
-        from PIL import Image
-
-        Path(target).mkdir(parents=True, exist_ok=True)
-        with Image.open(png) as im:
-            im.convert("RGB").quantize(colors=64).save(Path(target) / name, optimize=True)
-
-
 @pytest.mark.browser
 def test_the_report_renders_in_chromium_and_its_links_land(made):
     from tests import browser
@@ -258,5 +246,5 @@ def test_the_report_renders_in_chromium_and_its_links_land(made):
                             ".getBoundingClientRect(); return [r.width, r.height]; })()")
         assert box[0] > 600 and box[1] > 200
         assert b.problems == []
-    keep_screenshot(png, "stats-report.png")
-    keep_screenshot(shot, "stats-report-timelines.png")
+    keep_picture(png, "stats-report.png")
+    keep_picture(shot, "stats-report-timelines.png")
