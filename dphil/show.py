@@ -114,6 +114,10 @@ def use_color(choice: str, output: str | None, stream: IO[str]) -> bool:
         return choice == "always"
     if output or os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
         return False
+    return _is_terminal(stream)
+
+
+def _is_terminal(stream: IO[str]) -> bool:
     try:
         return stream.isatty()
     except (AttributeError, ValueError):
@@ -131,6 +135,8 @@ def show(req: ShowRequest, console: Console) -> int:
         raise UsageError("one SVG holds one episode: give -o DIR/ for several")
     if req.every and fmt != "text":
         raise UsageError(f"--all is for text: {fmt} with -o DIR/ or html shows every episode already")
+    if fmt != "text" and req.output in (None, "-") and _is_terminal(sys.stdout):
+        raise UsageError(f"not writing {fmt} to a terminal: give -o FILE or pipe it")
     many = req.every or fmt == "html" or to_dir
     reader = RecordReader(req.inputs, on_error="skip", warn=console.warn)
     picker = Picker(list(req.episodes), limit=req.limit if many else 1, reject=reader.reject)

@@ -68,30 +68,37 @@ def test_colour_only_when_asked_or_on_a_terminal(scripted):
     assert "\x1b[" not in no_color.stdout.decode()
 
 
-def test_colour_on_a_terminal(scripted):
+def on_a_terminal(args: list[str]) -> tuple[int, bytes, bytes]:
+    """Run a command with stdout on a pseudo-terminal: (exit status, what the terminal got, stderr)."""
     import pty
 
     leader, follower = pty.openpty()
     try:
-        p = subprocess.run([command_path("dphil-show"), str(scripted)], stdout=follower, stderr=subprocess.PIPE,
-                           timeout=60)
+        p = subprocess.run([command_path(args[0]), *args[1:]], stdout=follower, stderr=subprocess.PIPE, timeout=60)
+    finally:
         os.close(follower)
-        follower = -1
-        out = b""
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
+    out = b""
+    try:
+        while chunk := os.read(leader, 65536):
             out += chunk
+    except OSError:  # EIO: the terminal's other side is closed and drained
+        pass
     finally:
         os.close(leader)
-        if follower >= 0:
-            os.close(follower)
-    assert p.returncode == 0, p.stderr
+    return p.returncode, out, p.stderr
+
+
+def test_colour_on_a_terminal(scripted):
+    code, out, err = on_a_terminal(["dphil-show", str(scripted)])
+    assert code == 0, err
     assert b"\x1b[1;32m" in out or b"\x1b[36m" in out
+
+
+def test_pictures_are_not_written_to_a_terminal(scripted):
+    for fmt in ("svg", "html"):
+        code, out, err = on_a_terminal(["dphil-show", "-f", fmt, str(scripted)])
+        assert code == 64 and b"not writing " + fmt.encode() + b" to a terminal" in err
+        assert b"<svg" not in out
 
 
 def test_episode_by_index_and_by_id(scripted):
