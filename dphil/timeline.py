@@ -70,9 +70,14 @@ def timeline(record: dict[str, Any]) -> Timeline:
     check_episode(record)
     n, rounds, protocol = record["n"], record["rounds"], record["protocol"]
     turns = record["turns"]
+    if n > max(len(turns), _MAX_IDLE_SEATS):  # every round played holds n turns: n is a lie
+        raise DataError(f"a table of {n} philosophers with only {len(turns)} turns recorded")
     chunk: list = []
-    table = Table(n, rounds, protocol=protocol, deadlock_mode=record.get("deadlock_mode", "terminal"),
-                  resolve=recorded_winner(record, chunk))
+    try:
+        table = Table(n, rounds, protocol=protocol, deadlock_mode=record.get("deadlock_mode", "terminal"),
+                      resolve=recorded_winner(record, chunk))
+    except ValueError as e:
+        raise DataError(str(e)) from None
     sequential = record["schedule"] == "sequential"
     columns: list[list[Cell]] = []
     total = len(turns)
@@ -96,7 +101,7 @@ def timeline(record: dict[str, Any]) -> Timeline:
         else:
             actions: list = [None] * n
             for t in chunk:
-                actions[t["philosopher"]] = t["action"]
+                actions[t["philosopher"]] = t.get("action")
             try:
                 played = (table.resolve_sequential_round if sequential else table.resolve_round)(actions, copy=False)
             except ValueError as e:
@@ -111,7 +116,7 @@ def timeline(record: dict[str, Any]) -> Timeline:
         ate = [False] * n
         if protocol == "paper":  # eating is an action; in dpbench it is the table's auto-eat event
             for t in chunk:
-                if t["ok"] and t["action"] == "eat":
+                if t["ok"] and t.get("action") == "eat":
                     ate[t["philosopher"]] = True
         if not partial:
             seen = len(table.events)
@@ -135,6 +140,9 @@ def timeline(record: dict[str, Any]) -> Timeline:
     return Timeline(record, n, rounds, cells, tuple(table.deadlock_rounds), recorded_meals)
 
 
+_MAX_IDLE_SEATS = 10_000  # the largest table drawn without a turn for every seat (an errored episode)
+
+
 def _round_turns(turns: list, k: int, r: int, n: int) -> list[dict]:
     """The turns of round r starting at turns[k], checked to be one per philosopher at most."""
     chunk = []
@@ -144,7 +152,7 @@ def _round_turns(turns: list, k: int, r: int, n: int) -> list[dict]:
         if type(t) is not dict:
             raise DataError(f"turns[{j}] should be an object")
         try:
-            rnd, i = t["round"], t["philosopher"]
+            rnd, i, _, _ = t["round"], t["philosopher"], t["action"], t["ok"]
         except KeyError as e:
             raise DataError(f"turns[{j}] is missing field {e.args[0]!r}") from None
         if rnd != r:
@@ -217,7 +225,9 @@ def reward_terms(record: dict[str, Any]) -> list[tuple[str, float, float]] | Non
     reward = record.get("reward")
     if not isinstance(reward, dict):
         return None
-    comps, weights = reward.get("components") or {}, reward.get("weights") or {}
+    comps, weights = reward.get("components"), reward.get("weights")
+    if not isinstance(comps, dict) or not isinstance(weights, dict):
+        return []
     terms = []
     for name, weight, sign in (("no_deadlock", "alpha", 1), ("throughput", "beta", 1),
                                ("fairness", "gamma", -1), ("idle", "delta", -1)):
@@ -310,6 +320,7 @@ def render_text(record: dict[str, Any], color: bool = False, *, legend: bool = T
 CELL_W, CELL_H = 28, 22  # a cell: a plate with room for a fork bar on each side
 PITCH_X, PITCH_Y = 32, 26
 CELL = CELL_H
+_UNPLAYED_COLUMNS = 20  # at most this many empty columns after the last round played
 _PLATE, _PLATE_EDGE, _FORK, _EAT, _BOTH = "#f1f3f5", "#c9ced6", "#3b6ea5", "#4a9b45", "#d7e5f4"
 _FAIL, _NULL, _DEADLOCK, _INK, _MUTED = "#d62728", "#e07b00", "#d62728", "#1f2328", "#636c76"
 FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
@@ -352,7 +363,8 @@ def episode_svg(record: dict[str, Any], *, tl: Timeline | None = None, standalon
     n, rounds, played = tl.n, tl.rounds, tl.rounds_played
     reward = reward_text(record) if standalone else None
     left, top = 66, (62 if standalone else 18)  # room for the "deadlock" label, so grids line up
-    grid_w = max(rounds, 1) * PITCH_X
+    cols = min(rounds, played + _UNPLAYED_COLUMNS)  # a record may claim any number of rounds
+    grid_w = max(cols, 1) * PITCH_X
     grid_bottom = top + n * PITCH_Y
     width = left + grid_w + 70
     if standalone:
@@ -378,13 +390,14 @@ def episode_svg(record: dict[str, Any], *, tl: Timeline | None = None, standalon
     if tl.deadlock_rounds:
         parts.append(f'<text x="{left - 8}" y="{grid_bottom + 7}" text-anchor="end" font-size="10" '
                      f'font-weight="bold" fill="{_DEADLOCK}">deadlock</text>')
-    for r in range(1, rounds + 1):
+    for r in range(1, cols + 1):
         x = left + (r - 1) * PITCH_X + CELL_W / 2
+        label = r if r < cols or cols == rounds else f"…{rounds}"
         parts.append(f'<text x="{x}" y="{top - 5}" text-anchor="middle" font-size="10" '
-                     f'fill="{_MUTED if r > played else _INK}">{r}</text>')
-    if played < rounds:
+                     f'fill="{_MUTED if r > played else _INK}">{label}</text>')
+    if played < cols:
         x = left + played * PITCH_X
-        w = (rounds - played) * PITCH_X - 4
+        w = (cols - played) * PITCH_X - 4
         parts.append(f'<rect class="unplayed" x="{x}" y="{top}" width="{w}" height="{n * PITCH_Y - 4}" rx="4" '
                      f'fill="#fafbfc" stroke="{_PLATE_EDGE}" stroke-dasharray="4 3"/>')
         if w >= 60:

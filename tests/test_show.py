@@ -291,3 +291,28 @@ def test_a_100000_episode_file_streams_in_bounded_memory(tmp_path):
     # The file is over 100 MiB; holding it (or its parsed records) would cost far more than this.
     assert scan < base + 20 * 1024, (base, scan)
     assert page < base + 40 * 1024, (base, page)
+
+
+@pytest.mark.parametrize("change, shown", [
+    (lambda r: r.update(deadlock_mode="sometimes"), False),
+    (lambda r: r.update(n=10**9), False),  # claims a vast table: refused, not allocated
+    (lambda r: r["turns"][0].pop("action"), False),
+    (lambda r: r["turns"].__setitem__(0, "eat"), False),
+    (lambda r: r.update(rounds=10**9), True),  # drawn with a few empty columns, not a billion
+    (lambda r: r["reward"].update(components="high"), True),
+    (lambda r: r.update(model=["a", "list"], prompt={"x": 1}), True),
+    (lambda r: r.update(seed=None), False),
+])
+def test_malformed_records_are_refused_or_drawn_never_a_crash(scripted, tmp_path, change, shown):
+    rec = records(scripted)[1]
+    change(rec)
+    path = tmp_path / "odd.jsonl"
+    path.write_text(json.dumps(rec) + "\n")
+    for fmt in ("text", "svg", "html"):
+        p = run(["dphil-show", "-f", fmt, str(path), "-o", str(tmp_path / f"out.{fmt}")])
+        assert p.returncode == (0 if shown else 65), (fmt, p.stderr)
+        if not shown:
+            assert f"{path}:1: " in p.stderr.decode()
+    if shown:
+        assert len(marks((tmp_path / "out.svg").read_text())) == 25
+        assert (tmp_path / "out.svg").stat().st_size < 100_000
