@@ -6,7 +6,7 @@ import click
 
 from ._common import command, execute, inputs_argument, quiet_option, wait_lock_option
 
-HELP = """Show episodes as timelines: one row per philosopher, one column per round.
+HELP = """Show episodes as timelines (one row per philosopher, one column per round), or a run as a curve.
 
 Reads episode JSONL (scored or not) from FILEs or stdin, plain or gzip. Each
 cell shows what a philosopher held after the round (no fork, left, right,
@@ -14,6 +14,11 @@ both) or that it ate; failed and null actions and deadlock rounds are marked,
 the reward terms of scored episodes are shown underneath. Records that are not
 episodes are skipped with a warning naming the line. The input is read only
 as far as needed: `-e 0` on a huge file returns at once.
+
+As svg or png, an input that starts with checkpoint records (dphil-train
+output, and dphil-ckpt-select output with its `selection`) is drawn as the
+run's training curve instead: train and validation reward per step, one colour
+per run, the chosen step ringed.
 
 \b
   text  (default; also when piped, then without colour) the first episode, or
@@ -23,7 +28,8 @@ as far as needed: `-e 0` on a huge file returns at once.
   html  one self-contained page (no network needed): every episode (up to
         --limit), filterable by model, N and status; click a cell for that
         turn's raw reply and tool call.
-  The format defaults to the suffix of -o (.svg, .html, a directory: svg).
+  png   checkpoint records only (as is svg for them): the training curve.
+  The format defaults to the suffix of -o (.svg, .png, .html, a directory: svg).
 
 \b
   dphil-show ep.jsonl                         # the first episode
@@ -32,9 +38,10 @@ as far as needed: `-e 0` on a huge file returns at once.
   dphil-show ep.jsonl -e 0 -o ep0.svg
   dphil-show ep.jsonl -o timelines/           # one SVG per episode
   dphil-show ep.jsonl -o episodes.html
+  dphil-show ckpts.jsonl best.jsonl -o curve.png   # dphil-train + dphil-ckpt-select output
 """
 
-FORMATS = ("text", "svg", "html")
+FORMATS = ("text", "svg", "html", "png")
 
 
 @command("dphil-show", help=HELP)

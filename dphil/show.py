@@ -9,6 +9,7 @@ asked for has been shown. Nothing but the episode being drawn is held.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -102,8 +103,8 @@ def output_format(fmt: str | None, output: str | None) -> str:
         if output.endswith(("/", os.sep)) or os.path.isdir(output):
             return "svg"
         suffix = Path(output).suffix.lower()
-        if suffix == ".svg":
-            return "svg"
+        if suffix in (".svg", ".png"):
+            return suffix[1:]
         if suffix in (".html", ".htm"):
             return "html"
     return "text"
@@ -139,8 +140,15 @@ def show(req: ShowRequest, console: Console) -> int:
         raise UsageError(f"not writing {fmt} to a terminal: give -o FILE or pipe it")
     many = req.every or fmt == "html" or to_dir
     reader = RecordReader(req.inputs, on_error="skip", warn=console.warn)
+    records = iter(reader)
+    first = next(records, None)
+    if first is not None and first.get("kind") == "checkpoint" and fmt in ("svg", "png"):
+        return _show_curve(req, to_dir, reader, first, records, console)
+    if fmt == "png":
+        raise UsageError("png draws a training curve from checkpoint records (dphil-train or "
+                         "dphil-ckpt-select output); episodes are text, svg or html")
     picker = Picker(list(req.episodes), limit=req.limit if many else 1, reject=reader.reject)
-    chosen = picker(reader)
+    chosen = picker(itertools.chain(() if first is None else (first,), records))
     try:
         if to_dir:
             _svg_dir(chosen, Path(req.output), picker)  # type: ignore[arg-type]
@@ -151,6 +159,41 @@ def show(req: ShowRequest, console: Console) -> int:
     finally:
         if picker.more and many:
             console.warn(f"showed the first {req.limit} episodes; --limit 0 shows them all")
+        if reader.skipped:
+            console.error(f"skipped {reader.skipped} record(s)")
+    return 0
+
+
+def _show_curve(req: ShowRequest, to_dir: bool, reader: RecordReader, first: dict[str, Any],
+                rest: Iterator[dict[str, Any]], console: Console) -> int:
+    """Checkpoint records first, and a picture asked for: the run's training curve, one SVG or PNG.
+
+    Records with a `selection` (dphil-ckpt-select output, e.g. a second input)
+    mark the chosen step; records of other kinds are skipped with a warning.
+    (Text and html show episodes, skipping checkpoint records like any other.)
+    """
+    fmt = output_format(req.fmt, req.output)
+    if to_dir:
+        raise UsageError("checkpoint records are drawn as one training curve: -o FILE.svg or FILE.png")
+    if req.episodes or req.every:
+        raise UsageError("--episode and --all pick episodes; checkpoint records make one curve")
+    if fmt == "png" and req.output in (None, "-") and sys.stdout.isatty():
+        raise UsageError("a PNG is not for a terminal: give -o FILE.png or redirect stdout")
+    from .checkpoint_plot import curve_image, run_curve
+
+    def located() -> Iterator[tuple[str, int, dict[str, Any]]]:
+        yield reader.source, reader.line, first
+        for record in rest:
+            if record.get("kind") != "checkpoint":
+                reader.reject(DataError(f"not a checkpoint record (kind {record.get('kind', 'episode')!r}): "
+                                        "skipped"))
+                continue
+            yield reader.source, reader.line, record
+
+    try:
+        image = curve_image(run_curve(located()), fmt)
+        _to_output(req.output, lambda out: out.write(image))
+    finally:
         if reader.skipped:
             console.error(f"skipped {reader.skipped} record(s)")
     return 0

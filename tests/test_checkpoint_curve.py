@@ -20,7 +20,7 @@ from dphil.checkpoint_plot import curve_image, run_curve
 from dphil.checkpoints import located
 from dphil.errors import DataError
 from dphil.jsonl import RecordReader
-from tests.conftest import command_path, keep_picture
+from tests.conftest import command_path, keep_picture, run
 
 pytest.importorskip("matplotlib")
 
@@ -143,3 +143,53 @@ def test_records_that_are_not_checkpoints_name_their_line(tmp_path):
     bad.write_text(RUNS.read_text().splitlines()[0] + '\n{"kind": "episode", "turns": []}\n')
     with pytest.raises(DataError, match=r"mixed.jsonl:2: expected a checkpoint record"):
         curve_of(bad)
+
+
+# -- through dphil-show ----------------------------------------------------------------------
+
+
+def test_dphil_show_draws_the_curve_from_files_and_a_pipe(tmp_path):
+    ckpts = one_run(tmp_path)
+    best = select(ckpts, "--by", "train")
+    step = json.loads(best.read_text())["step"]
+    svg_path = tmp_path / "curve.svg"
+    p = run(["dphil-show", str(ckpts), str(best), "-o", str(svg_path)])
+    assert p.returncode == 0, p.stderr
+    g = groups(svg_path.read_bytes())
+    assert len(points(g["curve-train-0"])) == 16 and f"chosen-{step}" in g
+    # The selection from stdin, next to the run's records; PNG by the -o suffix.
+    png_path = tmp_path / "curve.png"
+    p = run(["dphil-show", str(ckpts), "-", "-o", str(png_path)], input=best.read_bytes())
+    assert p.returncode == 0, p.stderr
+    assert png_path.read_bytes() == curve_image(curve_of(ckpts, best), "png")
+    # -f png to stdout (redirected) gives the same picture.
+    p = run(["dphil-show", str(ckpts), str(best), "-f", "png"])
+    assert p.returncode == 0 and p.stdout == png_path.read_bytes()
+
+
+def test_dphil_show_curve_skips_other_records_and_refuses_what_cannot_be_drawn(tmp_path):
+    ckpts = one_run(tmp_path)
+    lines = ckpts.read_text().splitlines()
+    episode = (ROOT / "samples" / "naive.scored.jsonl").read_text().splitlines()[0]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join([lines[0], episode, *lines[1:]]) + "\n")
+    p = run(["dphil-show", str(mixed), "-f", "svg"])
+    assert p.returncode == 0, p.stderr
+    assert f"{mixed}:2: not a checkpoint record (kind 'episode')" in p.stderr.decode()
+    assert len(points(groups(p.stdout)["curve-train-0"])) == 16
+    for args, words in ((["-o", str(tmp_path / "dir") + "/"], b"-o FILE.svg or FILE.png"),
+                        (["-f", "svg", "-e", "0"], b"make one curve")):
+        p = run(["dphil-show", str(ckpts), *args])
+        assert p.returncode == 64 and words in p.stderr, (args, p.stderr)
+    # Text shows episodes: checkpoint records alone leave nothing to show (exit 65).
+    p = run(["dphil-show", str(ckpts)])
+    assert p.returncode == 65 and b"no episode to show" in p.stderr
+    # png is for checkpoint records only.
+    p = run(["dphil-show", str(ROOT / "samples" / "naive.jsonl"), "-f", "png"])
+    assert p.returncode == 64 and b"checkpoint records" in p.stderr
+    # A checkpoint record with a broken field is a data error naming its line.
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(lines[0] + "\n" + lines[1].replace('"step":2', '"step":"two"') + "\n")
+    p = run(["dphil-show", str(broken), "-f", "svg"])
+    assert p.returncode == 65 and f"{broken}:2: field 'step'".encode() in p.stderr
+    assert not p.stdout
