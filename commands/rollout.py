@@ -83,6 +83,11 @@ dphil-train saved.
 @click.option("--retries", type=click.IntRange(min=0), default=4, show_default=True,
               help="Retries of a failed call (exponential backoff with jitter, honouring "
                    "Retry-After) before its episode ends with status error.")
+@click.option("--max-reply-bytes", type=click.IntRange(min=1), default=4 * 1024 * 1024,
+              show_default=True, metavar="BYTES",
+              help="Abandon a model reply larger than BYTES while it is being read: that call "
+                   "fails (and is retried), so memory stays bounded. Records keep at most 64 KiB "
+                   "of a reply's text, with raw_truncated: true when cut.")
 @click.option("--max-errors", type=click.IntRange(min=1), default=None, metavar="N",
               help="Abort the run after N episodes ended in error (exit 69).")
 @click.option("--cost-limit", type=click.FloatRange(min=0), default=None, metavar="USD",
@@ -109,8 +114,8 @@ dphil-train saved.
 @quiet_option
 def main(models, sizes, episodes, seed, seeds, rounds, protocol, schedule, conflict, deadlock_mode,
          output, resume, shard, registries, prompt, prompt_file, memory, talk, concurrency, rpm,
-         tpm, timeout, retries, max_errors, cost_limit, adapter, checkpoint_files, checkpoint_run, decode,
-         temperature, device, batch, threads, wait_lock, quiet):
+         tpm, timeout, retries, max_reply_bytes, max_errors, cost_limit, adapter, checkpoint_files,
+         checkpoint_run, decode, temperature, device, batch, threads, wait_lock, quiet):
     from dphil.errors import UsageError
     from dphil.rollout import Grid, RolloutRequest, parse_int_list, parse_shard, run_request
 
@@ -128,7 +133,8 @@ def main(models, sizes, episodes, seed, seeds, rounds, protocol, schedule, confl
         request = RolloutRequest(
             grid=grid, output=output, resume=resume, shard=parse_shard(shard),
             registries=registries, prompt=prompt, prompt_file=prompt_file, memory=memory, talk=talk,
-            limits={"concurrency": concurrency, "rpm": rpm, "tpm": tpm, "timeout": timeout, "retries": retries},
+            limits={"concurrency": concurrency, "rpm": rpm, "tpm": tpm, "timeout": timeout, "retries": retries,
+                    "max_reply_bytes": max_reply_bytes},
             max_errors=max_errors, cost_limit=cost_limit, adapter=adapter, checkpoints=checkpoint_files,
             checkpoint_run=checkpoint_run,
             local={"decode": decode, "temperature": temperature, "device": device, "batch": batch,

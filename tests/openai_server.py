@@ -285,7 +285,7 @@ async def _stream_big(request: web.Request, body: dict[str, Any], size: int) -> 
             left -= len(chunk)
         await response.write(tail)
         await response.write_eof()
-    except (ConnectionResetError, asyncio.CancelledError):
+    except ConnectionError:
         pass  # the client gave up reading, as it should
     return response
 

@@ -21,7 +21,7 @@ from dphil.agents.llm import (
 )
 from dphil.agents.registry import ModelSpec
 from dphil.agents.tools import tool_specs
-from tests.openai_server import DROP, HANG, OpenAIServer, Reply, status, text, tool
+from tests.openai_server import DROP, HANG, OpenAIServer, Reply, big, status, text, tool
 
 KEY = "sk-test-0123456789abcdef"
 FAST = Limits(concurrency=8, timeout=5, retries=3, backoff=0.01, backoff_max=0.05)
@@ -245,3 +245,60 @@ def test_cost_of_a_priced_model_comes_from_litellm(server, monkeypatch):
     c = complete(s)
     # gpt-4o-mini in litellm's bundled price map: $0.15 / 1M input, $0.60 / 1M output.
     assert c.cost == pytest.approx(1000 * 0.15e-6 + 1000 * 0.60e-6, rel=1e-6)
+
+
+# -- the server's own reasons, and replies too large to hold ---------------------------------
+
+PINNED = {"detail": "Server is pinned to '/models/x'; requested 'x'"}
+OOM = {"error": {"message": "CUDA out of memory. Tried to allocate 2.00 GiB", "type": "server_error"}}
+
+
+@pytest.mark.parametrize("provider", ["openai", "hosted_vllm"])
+def test_the_servers_message_reaches_the_reason_for_4xx_and_5xx(server, monkeypatch, provider):
+    monkeypatch.setenv("DPHIL_TEST_KEY", KEY)
+    name = f"reasons-{provider}"
+    s = ModelSpec(name=name, model=f"{provider}/{name}", api_base=server.url,
+                  api_key_env="DPHIL_TEST_KEY")
+    server.script(name, status(400, body=PINNED), status(500, body=OOM), status(500, body=OOM))
+    with pytest.raises(LLMCallError) as info:
+        complete(s, Limits(retries=1, backoff=0.01, backoff_max=0.01))
+    assert "failed on 1 attempt" in info.value.reason
+    assert "(HTTP 400): Server is pinned to '/models/x'; requested 'x'" in info.value.reason
+    with pytest.raises(LLMCallError) as info:
+        complete(s, Limits(retries=1, backoff=0.01, backoff_max=0.01))
+    assert "gave up after 2 attempt" in info.value.reason
+    assert "(HTTP 500): CUDA out of memory. Tried to allocate 2.00 GiB" in info.value.reason
+
+
+def test_a_long_server_message_is_cut_and_a_key_it_echoes_is_redacted(server, monkeypatch):
+    secret = "sk-live-ECHOED-0123456789abcdef"
+    monkeypatch.setenv("DPHIL_ECHO_KEY", secret)
+    s = ModelSpec(name="echo", model="openai/echo", api_base=server.url, api_key_env="DPHIL_ECHO_KEY")
+    said = f"Incorrect API key provided: {secret}. " + "You can find your key in settings. " * 30
+    server.script("echo", status(401, body={"error": {"message": said}}))
+    with pytest.raises(LLMCallError) as info:
+        complete(s)
+    reason = info.value.reason
+    assert secret not in reason and f"Incorrect API key provided: {REDACTED}" in reason
+    assert reason.endswith("…") and len(reason) < 420
+
+
+def test_an_oversized_reply_is_abandoned_while_reading_and_retried(server, spec):
+    name = spec.model.split("/", 1)[1]
+    limits = Limits(retries=1, backoff=0.01, backoff_max=0.01, max_reply_bytes=1 << 20)
+    server.script(name, big(50 << 20), text("ACTION: eat"))
+    c = complete(spec, limits)
+    assert c.retries == 1 and c.content == "ACTION: eat"
+    server.script(name, big(50 << 20), big(50 << 20))
+    with pytest.raises(LLMCallError) as info:
+        complete(spec, limits)
+    assert "gave up after 2 attempt(s): reply too large: more than 1,048,576 bytes" in info.value.reason
+    assert "--max-reply-bytes" in info.value.reason
+
+
+def test_a_reply_announced_too_large_is_refused_before_reading(server, spec):
+    name = spec.model.split("/", 1)[1]
+    server.script(name, text("x" * (2 << 20)))  # a plain JSON reply: it has a Content-Length
+    with pytest.raises(LLMCallError, match="reply too large: more than 1,048,576 bytes"):
+        complete(spec, Limits(retries=0, max_reply_bytes=1 << 20))
+    assert complete(spec, Limits(retries=0, max_reply_bytes=1 << 20)).content  # the next one is fine

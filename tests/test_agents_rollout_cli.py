@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from tests.conftest import command_path, run
-from tests.openai_server import OpenAIServer, status
+from tests.openai_server import OpenAIServer, big, status, text
+from tests.test_samples import validator
 
 KEY = "sk-cli-SECRET-0123456789abcdef"
 
@@ -169,3 +170,67 @@ def test_scripted_runs_do_not_import_litellm(env):
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True)
     assert p.returncode == 0, p.stderr
     assert len(p.stdout.splitlines()) == 1
+
+
+def test_the_servers_reason_reaches_the_record_and_stderr(tmp_path, server, env):
+    models = registry(tmp_path, server)
+    server.script("local", status(400, body={"detail": "Server is pinned to '/models/x'; requested 'x'"}))
+    p = run(["dphil-rollout", "-m", "local", "-n", "2", "--episodes", "1", "--rounds", "1",
+             "--models", models, "--concurrency", "1"], env=env)
+    assert p.returncode == 75, p.stderr
+    said = "Server is pinned to '/models/x'; requested 'x'"
+    record = json.loads(p.stdout)
+    assert record["status"] == "error" and said in record["error"] and "HTTP 400" in record["error"]
+    assert said.encode() in p.stderr
+
+
+def _peak_rss_mb(args, env, tmp_path):
+    """Run a command and return (exit code, stdout, stderr, its own peak RSS in MiB)."""
+    with open(tmp_path / "stderr", "w+b") as err:
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=err)
+        out = proc.stdout.read()
+        proc.stdout.close()
+        _, status_, usage = os.wait4(proc.pid, 0)  # this child's own rusage, not all children's
+        proc.returncode = os.waitstatus_to_exitcode(status_)
+        err.seek(0)
+        return proc.returncode, out, err.read(), usage.ru_maxrss / 1024
+
+
+def test_a_200_mb_reply_is_an_error_and_memory_stays_bounded(tmp_path, server, env):
+    models = registry(tmp_path, server)
+    server.script("local", *[big(200_000_000)] * 4)  # two seats, each tried twice
+    code, out, err, peak = _peak_rss_mb(
+        [command_path("dphil-rollout"), "-m", "local", "-n", "2", "--episodes", "1", "--rounds",
+         "1", "--models", models, "--retries", "1", "--concurrency", "2"], env, tmp_path)
+    assert code == 75, err
+    record = json.loads(out)
+    assert record["status"] == "error" and record["turns"] == []
+    assert "reply too large: more than 4,194,304 bytes" in record["error"]
+    assert len(out) < 10_000  # nothing of the reply was kept
+    # Holding the reply whole took about 2 GB; capped, the process stays near its idle size
+    # (about 160 MB with litellm loaded).
+    assert peak < 400, f"peak RSS {peak:.0f} MiB"
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_max_reply_bytes_must_be_positive(value, env):
+    p = run(["dphil-rollout", "-m", "gpt-5.4", "--max-reply-bytes", value], env=env)
+    assert p.returncode == 64 and b"--max-reply-bytes" in p.stderr
+
+
+def test_raw_replies_are_capped_in_records_with_a_flag(tmp_path, server, env):
+    models = registry(tmp_path, server)
+    long_reply = "x" * 100_000 + "\nACTION: think"
+    server.script("local", text(long_reply, reasoning="r" * 70_000))
+    p = run(["dphil-rollout", "-m", "local", "-n", "2", "--episodes", "1", "--rounds", "1",
+             "--models", models, "--concurrency", "1", "-q"], env=env)
+    assert p.returncode == 0, p.stderr
+    record = json.loads(p.stdout)
+    assert not list(validator("episode.schema.json").iter_errors(record))
+    first, second = record["turns"]
+    cut = first if first.get("raw_truncated") else second
+    assert cut["raw"] == long_reply[:65536] and cut["raw_truncated"] is True
+    assert cut["action"] == "think"  # parsed from the whole reply, not the kept part
+    assert len(cut["reasoning"]) == 65536 and cut["reasoning_truncated"] is True
+    other = second if cut is first else first
+    assert "raw_truncated" not in other

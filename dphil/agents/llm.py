@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import EX_UNAVAILABLE, DphilError, MissingExtraError
+from .capped import DEFAULT_MAX_REPLY_BYTES, guarded
+from .reasons import describe
 from .registry import ModelSpec
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -84,6 +86,9 @@ def litellm_module() -> Any:
                 "calling language models needs litellm: pip install 'dphil[llm]'"
             ) from None
         _quiet_warnings()
+        from .capped import install
+
+        install()  # before litellm makes its first HTTP client
         litellm.suppress_debug_info = True
         litellm.telemetry = False
         litellm.set_verbose = False
@@ -134,6 +139,7 @@ class Limits:
     backoff: float = 1.0
     backoff_max: float = 60.0
     retry_after_max: float = 600.0
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES
 
 
 class RateLimiter:
@@ -263,9 +269,10 @@ class Gateway:
                 try:
                     # A hard deadline as well: a server that accepts the connection and then
                     # goes silent must not hold the slot for ever.
-                    response = await asyncio.wait_for(
-                        litellm.acompletion(**kwargs), limits.timeout + 5.0
-                    )
+                    with guarded(limits.max_reply_bytes) as guard:
+                        response = await asyncio.wait_for(
+                            litellm.acompletion(**kwargs), limits.timeout + 5.0
+                        )
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # classified below: transient, or the episode's end
@@ -287,13 +294,16 @@ class Gateway:
                 stats.completion_tokens += completion.completion_tokens
                 stats.cost += completion.cost
                 return completion
-            retryable, wait = classify(failure)
+            if guard.exceeded is not None:  # abandoned while reading: worth another try
+                retryable, wait, why = True, None, guard.describe()
+            else:
+                (retryable, wait), why = classify(failure), describe(failure)
             if not retryable or attempt >= limits.retries:
                 stats.failed_calls += 1
                 stats.retries += attempt
                 tries = attempt + 1
                 what = "gave up after" if retryable else "failed on"
-                reason = f"{spec.name}: {what} {tries} attempt(s): {_describe(failure)}"
+                reason = f"{spec.name}: {what} {tries} attempt(s): {why}"
                 # Secrets are gathered only here, when a call has failed: scanning the
                 # environment costs ~70 us, too much to pay on every successful call.
                 raise LLMCallError(
@@ -359,12 +369,6 @@ def retry_after_seconds(headers: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(when.timestamp() - time.time(), 0.0)
-
-
-def _describe(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    first = next((line for line in text if line.strip()), "")
-    return f"{type(error).__name__}: {first}"[:500]
 
 
 def _estimate_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:

@@ -50,6 +50,17 @@ def model_variant(spec: ModelSpec, settings: AgentSettings) -> dict[str, Any]:
     return {**spec.identity(), **settings.variant()}
 
 
+# How much of a reply's text a record keeps (the whole reply, up to --max-reply-bytes, is parsed).
+MAX_RAW_CHARS = 64 * 1024
+
+
+def _kept(field: str, text: str | None) -> dict[str, Any]:
+    """`{field: text}`, cut to MAX_RAW_CHARS with `{field}_truncated: true` when it was longer."""
+    if text is not None and len(text) > MAX_RAW_CHARS:
+        return {field: text[:MAX_RAW_CHARS], f"{field}_truncated": True}
+    return {field: text}
+
+
 def _call_extras(c: Completion) -> dict[str, Any]:
     return {"usage": c.usage, "latency_s": c.latency_s, "retries": c.retries,
             "cost": round(c.cost, 8)}
@@ -108,7 +119,7 @@ class Episode:
         text = self._prompt(i, first=first, talk=(k, self.settings.talk))
         completion = await self._call(agent.ask(text), talk=True)
         message = agent.heard(completion.content)
-        entry = {"text": message, "raw": completion.content, **_call_extras(completion)}
+        entry = {"text": message, **_kept("raw", completion.content), **_call_extras(completion)}
         self.talked[i].append(entry)
         return {"from": i, "text": message}
 
@@ -130,14 +141,14 @@ class Episode:
         completion = await self._call(agent.ask(text), talk=False)
         parsed = agent.answered(completion.content, completion.tool_calls)
         extra: dict[str, Any] = {
-            "raw": parsed.raw,
+            **_kept("raw", parsed.raw),
             "tool_call": _public_call(parsed.tool_call),
             "ignored_tool_calls": [_public_call(c) for c in parsed.ignored],
             "parsed_via": parsed.via,
             **_call_extras(completion),
         }
         if completion.reasoning:
-            extra["reasoning"] = completion.reasoning
+            extra.update(_kept("reasoning", completion.reasoning))
         if self.settings.talk:
             extra["talk"] = self.talked[i]
         return parsed.action, extra
