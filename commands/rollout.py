@@ -97,6 +97,9 @@ dphil-train saved.
 @click.option("--checkpoints", "checkpoint_files", multiple=True, metavar="FILE",
               help="Evaluate every checkpoint record in FILE (from dphil-train) as a local model: "
                    "episodes are tagged with run and checkpoint_step. Repeatable; - for stdin.")
+@click.option("--tag", "tags", multiple=True, metavar="KEY=VALUE",
+              help="Write KEY: VALUE into every episode (and its id), e.g. --tag recipe=dphil for "
+                   "dphil-stats --compare recipe; repeatable.")
 @click.option("--run", "checkpoint_run", default=None, metavar="NAME",
               help="With --checkpoints: only this run's checkpoints.")
 @click.option("--decode", type=click.Choice(["constrained", "free"]), default="constrained",
@@ -115,9 +118,9 @@ dphil-train saved.
 def main(models, sizes, episodes, seed, seeds, rounds, protocol, schedule, conflict, deadlock_mode,
          output, resume, shard, registries, prompt, prompt_file, memory, talk, concurrency, rpm,
          tpm, timeout, retries, max_reply_bytes, max_errors, cost_limit, adapter, checkpoint_files,
-         checkpoint_run, decode, temperature, device, batch, threads, wait_lock, quiet):
+         tags, checkpoint_run, decode, temperature, device, batch, threads, wait_lock, quiet):
     from dphil.errors import UsageError
-    from dphil.rollout import Grid, RolloutRequest, parse_int_list, parse_shard, run_request
+    from dphil.rollout import Grid, RolloutRequest, parse_int_list, parse_shard, parse_tags, run_request
 
     def body(console):
         table_sizes = parse_int_list(sizes, "-n")
@@ -136,7 +139,7 @@ def main(models, sizes, episodes, seed, seeds, rounds, protocol, schedule, confl
             limits={"concurrency": concurrency, "rpm": rpm, "tpm": tpm, "timeout": timeout, "retries": retries,
                     "max_reply_bytes": max_reply_bytes},
             max_errors=max_errors, cost_limit=cost_limit, adapter=adapter, checkpoints=checkpoint_files,
-            checkpoint_run=checkpoint_run,
+            checkpoint_run=checkpoint_run, tags=parse_tags(tags),
             local={"decode": decode, "temperature": temperature, "device": device, "batch": batch,
                    "threads": threads},
         )

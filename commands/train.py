@@ -202,6 +202,27 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
 @click.option(
     "--no-scale-advantages", is_flag=True, help="Advantages r - mean instead of (r - mean) / std."
 )
+@click.option(
+    "--advantage",
+    type=click.Choice(["episode", "philosopher", "step"]),
+    default="episode",
+    show_default=True,
+    help="Credit assignment: episode (every turn gets its episode's group advantage, the "
+    "study's), philosopher (each philosopher's own share of the reward, per seat), step "
+    "(GiGPO: episode advantage + weight x advantage among turns that saw the same state).",
+)
+@click.option(
+    "--advantage-gamma",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="step: discount of the return from a turn on [default: 0.95].",
+)
+@click.option(
+    "--advantage-weight",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="step: weight of the step-level advantage [default: 1.0].",
+)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1, ...")
 @click.option(
     "--dtype",

@@ -46,6 +46,32 @@ def parse_int_list(text: str, what: str) -> list[int]:
     return values
 
 
+_TAG_KEY = re.compile(r"[a-z][a-z0-9_]*")
+# Fields of the episode contract and of scoring: a tag may not shadow them.
+_RESERVED = frozenset({
+    "kind", "schema_version", "episode_id", "model", "n", "rounds", "seed", "protocol", "schedule",
+    "conflict", "deadlock_mode", "status", "error", "turns", "events", "meals", "deadlock",
+    "deadlock_round", "deadlock_rounds", "rounds_played", "dphil_version", "usage", "reward",
+    "metrics", "split",
+})
+
+
+def parse_tags(items: Iterable[str]) -> dict[str, str]:
+    """`--tag KEY=VALUE` pairs: labels written into every episode (and its id), e.g. recipe=dphil."""
+    tags: dict[str, str] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not _TAG_KEY.fullmatch(key) or not value:
+            raise UsageError(f"--tag: expected KEY=VALUE with a lower-case KEY such as recipe=dphil, "
+                             f"got {item!r}")
+        if key in _RESERVED:
+            raise UsageError(f"--tag {key}: that field is part of the episode record")
+        if key in tags:
+            raise UsageError(f"--tag {key} given twice")
+        tags[key] = value
+    return tags
+
+
 def parse_shard(text: str | None) -> tuple[int, int] | None:
     """`i/k` with 0 <= i < k (0-based, like SLURM_ARRAY_TASK_ID and JOB_COMPLETION_INDEX)."""
     if text is None:
@@ -212,6 +238,7 @@ class RolloutRequest:
     checkpoints: tuple[str, ...] = ()
     checkpoint_run: str | None = None
     local: dict[str, Any] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)  # --tag KEY=VALUE, on every episode
 
 
 def run_request(req: RolloutRequest, console) -> int:
@@ -248,9 +275,17 @@ def run_request(req: RolloutRequest, console) -> int:
                                    **req.local) if local_entries else None
 
     plain = [m for m in models if not is_local(m)]
-    grid = replace(req.grid, models=plain, variants=plan.variants if plan else {})
+    tags = req.tags
+    own = [*(plan.variants.values() if plan else ()),
+           *((local_settings.variant(), *(e.variant() for e in local_entries)) if local_settings else ())]
+    for key in tags:
+        if any(key in v for v in own):
+            raise UsageError(f"--tag {key}: the run already records a field of that name")
+    grid = replace(req.grid, models=plain, variants=plan.variants if plan else {},
+                   variant={**req.grid.variant, **tags})
     local_grids = [
-        (entry, replace(req.grid, models=[entry.model], variant={**local_settings.variant(), **entry.variant()}))
+        (entry, replace(req.grid, models=[entry.model],
+                        variant={**tags, **local_settings.variant(), **entry.variant()}))
         for entry in local_entries
     ] if local_settings else []
 

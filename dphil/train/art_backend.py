@@ -12,8 +12,18 @@ learning_rate=...)`; adapters land in
 objects carrying logprobs are trained, so the returned choice itself is
 appended to a trajectory, never a dict copy of it.
 
-One `art.Trajectory` per philosopher (its whole conversation, all with the
-episode's reward) and one `art.TrajectoryGroup` per scenario. Episodes are
+ART computes GRPO advantages itself, as reward minus the group mean (over the
+standard deviation unless `scale_rewards=False`), so each `--advantage` mode is
+handed to it as groups whose ART advantages are exactly dphil's:
+* `episode` (the study's): one `art.Trajectory` per philosopher (its whole
+  conversation, all with the episode's reward), one `art.TrajectoryGroup` per
+  scenario.
+* `philosopher`: the same trajectories with each philosopher's own return, one
+  group per scenario and seat (ART's normalisation is dphil's per-seat one).
+* `step`: one trajectory per turn (the conversation up to that reply, earlier
+  replies as plain messages so only this one is trained) with the turn's
+  advantage as its reward, one group per scenario balanced to mean 0 by a
+  trajectory with nothing to train, and `scale_rewards=False`. Episodes are
 played through the same table, prompts and reply parser as `dphil-rollout`.
 ART and its GPU stack are an optional extra; without them the command says
 what to install (exit 69).
@@ -35,6 +45,7 @@ from ..agents.tools import tool_specs
 from ..episode import new_table
 from ..errors import ConfigError, DphilError, MissingExtraError
 from ..records import EpisodeConfig, episode_record
+from .advantages import philosopher_returns
 from .play import Played
 
 FLAVOURS = ("art", "art-serverless", "art-tinker")
@@ -68,6 +79,7 @@ class ArtSettings:
     project: str = "dphil"
     run: str = "run"
     max_exceptions: int = 0
+    advantage: str = "episode"  # --advantage: how train_groups hands credit to ART
 
 
 def import_art(flavour: str) -> Any:
@@ -112,6 +124,109 @@ def scenario_group(art: Any, trajectories_per_episode: Sequence[list[Any]], scen
         [t for episode in trajectories_per_episode for t in episode],
         metadata={"scenario": scenario},
     )
+
+
+def seat_groups(
+    art: Any, trajectories_per_episode: Sequence[list[Any]], scenario: str
+) -> list[Any]:
+    """One TrajectoryGroup per seat: philosopher i of every episode of the scenario."""
+    seats = len(trajectories_per_episode[0])
+    return [
+        art.TrajectoryGroup(
+            [episode[i] for episode in trajectories_per_episode],
+            metadata={"scenario": scenario, "philosopher": i},
+        )
+        for i in range(seats)
+    ]
+
+
+def turn_trajectories(
+    art: Any,
+    config: EpisodeConfig,
+    histories: Sequence[list[Any]],
+    turns: Sequence[dict[str, Any]],
+    advantages: Sequence[float],
+    tools: Any,
+) -> list[Any]:
+    """One Trajectory per turn: the conversation up to its reply, rewarded with its advantage.
+
+    Earlier replies of the philosopher become plain assistant messages, so the
+    turn's own Choice is the only one ART trains on. Turn t of philosopher i is
+    its t-th Choice (one reply per round).
+    """
+    out = []
+    for turn, adv in zip(turns, advantages, strict=True):
+        i, want = turn["philosopher"], turn["round"]
+        messages: list[Any] = []
+        seen = 0
+        for m in histories[i]:
+            if isinstance(m, dict):
+                messages.append(m)
+                continue
+            seen += 1
+            if seen == want:
+                messages.append(m)
+                break
+            messages.append(choice_message(m))
+        else:
+            raise ValueError(f"philosopher {i} has no reply for round {want}")
+        out.append(art.Trajectory(
+            messages_and_choices=messages, tools=tools, reward=adv,
+            metadata={"episode_id": config.episode_id, "philosopher": i, "round": want,
+                      "n": config.n, "seed": config.seed},
+        ))
+    return out
+
+
+def balanced_group(art: Any, trajectories: list[Any], scenario: str) -> Any:
+    """A group whose rewards are used as advantages: a trajectory with no reply makes the mean 0.
+
+    ART subtracts the group mean from each reward; the extra trajectory (a lone
+    user message, which ART does not train on) carries minus the sum, so with
+    `scale_rewards=False` every trained trajectory's ART advantage is its reward.
+    """
+    pad = art.Trajectory(
+        messages_and_choices=[{"role": "user", "content": "(balances the group mean)"}],
+        reward=-sum(t.reward for t in trajectories),
+        metadata={"scenario": scenario, "padding": True},
+    )
+    return art.TrajectoryGroup([*trajectories, pad], metadata={"scenario": scenario})
+
+
+def art_groups(art: Any, groups: Sequence[Any], mode: str) -> list[Any]:
+    """The step's TrajectoryGroups for ART, for one `--advantage` mode (see the module doc)."""
+    out = []
+    for g in groups:
+        if not g.episodes:
+            continue
+        scenario = f"{g.episodes[0].config.seed}"
+        tools = tool_specs(g.episodes[0].config.protocol)
+        if mode == "episode":
+            per_episode = [
+                episode_trajectories(art, ep.config, ep.histories, r, tools)
+                for ep, r in zip(g.episodes, g.rewards, strict=True)
+            ]
+            out.append(scenario_group(art, per_episode, scenario))
+        elif mode == "philosopher":
+            per_episode = [
+                [
+                    art.Trajectory(messages_and_choices=list(h), tools=tools, reward=ret,
+                                   metadata={"episode_id": ep.config.episode_id, "philosopher": i,
+                                             "n": ep.config.n, "seed": ep.config.seed})
+                    for i, (h, ret) in enumerate(
+                        zip(ep.histories, philosopher_returns(ep.record), strict=True))
+                ]
+                for ep in g.episodes
+            ]
+            out.extend(seat_groups(art, per_episode, scenario))
+        else:
+            trajectories = [
+                t
+                for ep, advs in zip(g.episodes, g.turn_advantages, strict=True)
+                for t in turn_trajectories(art, ep.config, ep.histories, ep.record["turns"], advs, tools)
+            ]
+            out.append(balanced_group(art, trajectories, scenario))
+    return out
 
 
 def choice_message(choice: Any) -> dict[str, Any]:
@@ -254,20 +369,13 @@ class ArtBackend:
 
     # -- training --------------------------------------------------------------------------
     def train_groups(self, groups: Sequence[Any], *, step: int) -> dict[str, float]:
-        art = self.art
-        tgroups = []
-        for g in groups:
-            if not g.episodes:
-                continue
-            per_episode = [
-                episode_trajectories(
-                    art, ep.config, ep.histories, r, tool_specs(ep.config.protocol)
-                )
-                for ep, r in zip(g.episodes, g.rewards, strict=True)
-            ]
-            tgroups.append(scenario_group(art, per_episode, f"{g.episodes[0].config.seed}"))
+        mode = self.settings.advantage
+        tgroups = art_groups(self.art, groups, mode)
+        extra = {"scale_rewards": False} if mode == "step" else {}
         self.loop.run_until_complete(
-            self.backend.train(self.model, tgroups, learning_rate=self.settings.learning_rate)
+            self.backend.train(
+                self.model, tgroups, learning_rate=self.settings.learning_rate, **extra
+            )
         )
         return {"trajectory_groups": float(len(tgroups))}
 

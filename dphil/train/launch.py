@@ -15,6 +15,7 @@ from ..errors import UsageError
 from ..jsonl import RecordWriter
 from ..reward import RewardSpec
 from ..rollout import parse_int_list
+from .advantages import AdvantageSpec
 from .curriculum import parse_curriculum
 from .loop import (
     Progress,
@@ -78,6 +79,7 @@ def build_config(opts: dict[str, Any]) -> TrainConfig:
         if min(val_sizes) < 2:
             raise UsageError("--val-n: a table needs at least 2 philosophers")
     lora_alpha = opts["lora_alpha"] or 2 * opts["lora_rank"]
+    advantage = build_advantage(opts)
     from .play import parse_memory
 
     parse_memory(opts["memory"])  # refuse a bad --memory before any model loads
@@ -114,11 +116,30 @@ def build_config(opts: dict[str, Any]) -> TrainConfig:
         curriculum=curriculum,
         seed=opts["seed"],
         scale_advantages=not opts["no_scale_advantages"],
+        advantage=advantage,
         val_every=val_every,
         val_seeds=val_seeds,
         val_sizes=val_sizes,
         policy=policy,
     )
+
+
+def build_advantage(opts: dict[str, Any]) -> AdvantageSpec:
+    """--advantage and its parameters; a parameter the mode does not use is a usage error."""
+    mode = opts.get("advantage") or "episode"
+    gamma, weight = opts.get("advantage_gamma"), opts.get("advantage_weight")
+    if mode != "step":
+        given = [o for o, v in (("--advantage-gamma", gamma), ("--advantage-weight", weight)) if v is not None]
+        if given:
+            raise UsageError(f"{given[0]} applies only to --advantage step, not {mode}")
+    try:
+        return AdvantageSpec(
+            mode=mode,
+            **({} if gamma is None else {"gamma": gamma}),
+            **({} if weight is None else {"weight": weight}),
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def make_backend_factory(cfg: TrainConfig, opts: dict[str, Any]):
@@ -170,6 +191,7 @@ def make_backend_factory(cfg: TrainConfig, opts: dict[str, Any]):
         path=opts["art_path"] or str(cfg.run_dir / "art"),
         project=opts["project"],
         run=cfg.run,
+        advantage=cfg.advantage.mode,
     )
     return lambda resume_from: ArtBackend(settings_art, resume_from=resume_from)
 

@@ -36,8 +36,8 @@ from ..jsonl import RecordWriter
 from ..records import SCHEMA_VERSION, EpisodeConfig
 from ..reward import RewardSpec
 from ..scoring import score_record
+from .advantages import AdvantageSpec, turn_advantages
 from .curriculum import Curriculum
-from .grpo import group_advantages
 from .play import Played
 
 JOURNAL = "checkpoints.jsonl"
@@ -66,12 +66,17 @@ class Backend(Protocol):
 
 @dataclass
 class ScoredGroup:
-    """The episodes of one scenario, their rewards and advantages."""
+    """The episodes of one scenario, their rewards and advantages (per episode and per turn)."""
 
     episodes: list[Played]
     rewards: list[float]
     advantages: list[float]
     zero_std: bool
+    # One advantage per turn of each episode (aligned with its record's turns and decisions),
+    # from the run's --advantage mode; comparison groups and those whose returns all tied.
+    turn_advantages: list[list[float]] = field(default_factory=list)
+    advantage_groups: int = 0
+    advantage_tied: int = 0
 
 
 @dataclass
@@ -97,6 +102,7 @@ class TrainConfig:
     curriculum: Curriculum = field(default_factory=lambda: Curriculum("fixed", (((5,), None),)))
     seed: int = 0
     scale_advantages: bool = True
+    advantage: AdvantageSpec = field(default_factory=AdvantageSpec)
     val_every: int = 0
     val_seeds: tuple[int, ...] = ()
     val_sizes: tuple[int, ...] = ()
@@ -120,6 +126,7 @@ class TrainConfig:
             "curriculum": _curriculum_json(self.curriculum),
             "seed": self.seed,
             "policy": self.policy,
+            "advantage": self.advantage.as_record(),
         }
 
 
@@ -186,6 +193,8 @@ def check_settings(cfg: TrainConfig) -> None:
             old = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise DataError(f"cannot read the run settings: {e}", source=str(path)) from None
+        # Runs from before --advantage existed trained with episode advantages.
+        old.setdefault("advantage", AdvantageSpec().as_record())
         changed = [k for k in ident if old.get(k) != ident[k]]
         if changed:
             k = changed[0]
@@ -344,8 +353,11 @@ def _score_groups(cfg: TrainConfig, played: list[Played]) -> list[ScoredGroup]:
         if not ok:
             groups.append(ScoredGroup(members, [], [], True))
             continue
-        adv = group_advantages(rewards, scale=cfg.scale_advantages)
-        groups.append(ScoredGroup(ok, rewards, adv.advantages, adv.zero_std))
+        adv = turn_advantages([ep.record for ep in ok], cfg.advantage, scale=cfg.scale_advantages)
+        groups.append(ScoredGroup(
+            ok, rewards, adv.episode, adv.episode_tied,
+            adv.turns, adv.groups, adv.tied,
+        ))
     return groups
 
 
@@ -422,6 +434,9 @@ def _checkpoint_record(
         "train_seeds": seeds,
         **_summary("train", episodes),
         "zero_std_groups": sum(1 for g in groups if g.zero_std),
+        "advantage": cfg.advantage.as_record(),
+        "advantage_groups": sum(g.advantage_groups for g in groups),
+        "advantage_tied_groups": sum(g.advantage_tied for g in groups),
         **{k: v for k, v in stats.items()},
         "curriculum": cfg.curriculum.kind,
         "dphil_version": __version__,

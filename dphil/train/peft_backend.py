@@ -1,8 +1,8 @@
 """The transformers + peft backend: GRPO with a LoRA adapter on one CPU or GPU, no vLLM.
 
 It plays the step's episodes with the current adapter (batched, through the
-agent prompts of `dphil-rollout`), reweights every reply by its episode's
-group-relative advantage with the token-level clipped objective of
+agent prompts of `dphil-rollout`), reweights every reply by its turn's
+advantage (the episode's group-relative one by default, see `advantages`) with the token-level clipped objective of
 `dphil.train.grpo`, takes one optimiser step, and saves the adapter with
 `save_pretrained` (plus the optimiser state, so a resumed run continues the
 same optimisation rather than restarting Adam's moments).
@@ -130,12 +130,12 @@ class PeftBackend:
         )
 
     def train_groups(self, groups: Sequence[Any], *, step: int) -> dict[str, float]:
-        """Every reply of every episode, weighted by its episode's advantage in its group."""
+        """Every reply of every episode, weighted by its turn's advantage (see --advantage)."""
         samples = [
             Sample(d, adv)
             for g in groups
-            for ep, adv in zip(g.episodes, g.advantages, strict=True)
-            for d in ep.decisions
+            for ep, advs in zip(g.episodes, g.turn_advantages, strict=True)
+            for d, adv in zip(ep.decisions, advs, strict=True)
         ]
         return self.train(samples)
 
