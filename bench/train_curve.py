@@ -110,6 +110,18 @@ def run_jobs(jobs: list[tuple[str, list[str]]], width: int, logs: Path) -> dict[
     """Run commands `width` at a time (cwd = repository root); stop on the first failure."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     pending, running, took = list(jobs), {}, {}
+    try:
+        _run_jobs(pending, running, took, width, logs, env)
+    except BaseException:  # interrupted or killed: leave no command running behind us
+        for proc, _, _ in running.values():
+            proc.terminate()
+        for proc, _, _ in running.values():
+            proc.wait()
+        raise
+    return took
+
+
+def _run_jobs(pending: list, running: dict, took: dict, width: int, logs: Path, env: dict) -> None:
     while pending or running:
         while pending and len(running) < width:
             name, cmd = pending.pop(0)
@@ -130,7 +142,6 @@ def run_jobs(jobs: list[tuple[str, list[str]]], width: int, logs: Path) -> dict[
                 tail = (logs / f"{name}.log").read_text().splitlines()[-15:]
                 sys.exit(f"{name} failed ({proc.returncode}):\n" + "\n".join(tail))
             print(f"  {name} done in {took[name]:.0f}s", file=sys.stderr)
-    return took
 
 
 def check(cmd: list[str]) -> str:

@@ -1,0 +1,406 @@
+"""The recipe experiment: can a better recipe close the gap the study's could not?
+
+Recipes at the same budget (steps x groups x group size, the same training
+seeds), each trained with `dphil-train --backend peft` on the test suite's tiny
+random Qwen3 (see bench/train_curve.py for why its action names are made
+single tokens), then evaluated on held-out test seeds at N=3 and N=5:
+
+    study      paper reward, --advantage episode, N=5 fixed, the last checkpoint
+    dphil      shaped reward, the better of philosopher/step on VALIDATION,
+               --curriculum 3:S/2,5:S/2, the checkpoint dphil-ckpt-select --by val keeps
+    ablations  dphil with one ingredient changed: the other advantage mode,
+               episode advantage, paper reward, N=5 fixed, the last checkpoint
+    base       the untrained model
+
+Everything goes through the project's commands, as subprocesses:
+dphil-train (checkpoints, validation episodes), dphil-ckpt-select (--by val or
+--by last), dphil-rollout --checkpoints --tag recipe=ARM on the test seeds,
+dphil-score (shaped and paper yardsticks), dphil-stats --compare recipe ...
+--format markdown. Training seeds, validation seeds and test seeds are
+disjoint (checked against every checkpoint record's train_seeds).
+
+Resumable: every training run resumes in its own run directory (dphil-train's
+journal), every rollout is a `-o FILE --resume` journal, every selection,
+score and choice is written atomically and skipped when present. Stopped and
+restarted, the same command carries on. Work files go to bench/out/recipes
+(not committed); tables, plots and summary.json to bench/results/recipes (a
+smoke run keeps them in its work directory).
+
+    nice -n 5 python bench/recipes.py                   # full size (see --help for the sizes)
+    python bench/recipes.py --smoke                     # end to end in a few minutes (CI)
+    python bench/recipes.py --gpu --base-model Qwen/Qwen3-14B   # ART on a GPU (not run here)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from statistics import mean
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import contextlib
+
+from train_curve import ROOT, build_model, check, read_jsonl, rel, run_jobs, tool
+
+SIZES = {
+    # steps, groups, group size, rounds, seeds, val seeds, test seeds per N, val every
+    "full": dict(steps=8, groups=2, group_size=6, rounds=6, seeds="0,1,2",
+                 val_seeds="100000-100005", test_seeds="200000-200031", val_every=2,
+                 ablations="other,episode,paper,fixed5,last"),
+    "smoke": dict(steps=2, groups=2, group_size=2, rounds=3, seeds="0",
+                  val_seeds="100000-100001", test_seeds="200000-200003", val_every=1,
+                  ablations="other,last"),
+    # The study's sizes, on a GPU through ART: Qwen3-14B, N=5, 5 rounds, 16 steps of 2x3.
+    "gpu": dict(steps=16, groups=2, group_size=3, rounds=5, seeds="0,1,2",
+                val_seeds="100000-100015", test_seeds="200000-200029", val_every=2,
+                ablations="other,episode,paper,fixed5,last"),
+}
+ABLATIONS = ("other", "episode", "paper", "fixed5", "last")
+PROMPT = "Seat $seat of $n.\n$answer\n"
+
+
+def recipes(steps: int, best: str | None, ablations: set[str]) -> dict[str, dict]:
+    """The trained recipes; those using the chosen advantage mode only once `best` is known."""
+    half = max(1, steps // 2)
+    curriculum = ["--curriculum", f"3:{half},5:{steps - half}"]
+    fixed5 = ["-n", "5"]
+    out = {
+        "study": dict(reward="paper", advantage="episode", sizes=fixed5),
+        "dphil-philosopher": dict(reward="shaped", advantage="philosopher", sizes=curriculum),
+        "dphil-step": dict(reward="shaped", advantage="step", sizes=curriculum),
+    }
+    if "episode" in ablations:
+        out["abl-episode"] = dict(reward="shaped", advantage="episode", sizes=curriculum)
+    if best and "paper" in ablations:
+        out["abl-paper"] = dict(reward="paper", advantage=best, sizes=curriculum, after_choice=True)
+    if best and "fixed5" in ablations:
+        out["abl-fixed5"] = dict(reward="shaped", advantage=best, sizes=fixed5, after_choice=True)
+    return out
+
+
+def arms(best: str, ablations: set[str]) -> dict[str, tuple[str, str]]:
+    """Test arm -> (trained recipe, selection rule)."""
+    other = "step" if best == "philosopher" else "philosopher"
+    every = {
+        "study": ("study", "last"),
+        "dphil": (f"dphil-{best}", "val"),
+        f"abl-{other}": (f"dphil-{other}", "val"),
+        "abl-episode": ("abl-episode", "val"),
+        "abl-paper": ("abl-paper", "val"),
+        "abl-fixed5": ("abl-fixed5", "val"),
+        "abl-last": (f"dphil-{best}", "last"),
+    }
+    wanted = {"other": f"abl-{other}", "episode": "abl-episode", "paper": "abl-paper",
+              "fixed5": "abl-fixed5", "last": "abl-last"}
+    keep = {"study", "dphil", *(wanted[a] for a in ablations)}
+    return {k: v for k, v in every.items() if k in keep}
+
+
+class Experiment:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.size = SIZES["smoke" if args.smoke else "gpu" if args.gpu else "full"]
+        self.seeds = [int(s) for s in (args.seeds or self.size["seeds"]).split(",")]
+        text = self.size["ablations"] if args.ablations is None else args.ablations
+        self.ablations = {a for a in text.split(",") if a and a != "none"}
+        unknown = self.ablations - set(ABLATIONS)
+        if unknown:
+            sys.exit(f"--ablations: unknown {', '.join(sorted(unknown))} (known: {', '.join(ABLATIONS)})")
+        self.work: Path = args.work
+        self.out: Path = args.out
+        self.logs = self.work / "logs"
+        for d in (self.work, self.out, self.logs):
+            d.mkdir(parents=True, exist_ok=True)
+
+    # -- the model and the commands ---------------------------------------------------------------
+    def model(self) -> str:
+        if self.args.gpu:
+            return self.args.base_model
+        final = self.work / "tiny-model"
+        if not (final / "config.json").exists():
+            staging = self.work / "model-staging"
+            built = build_model(staging)
+            os.replace(built, final)  # the model directory appears whole or not at all
+        return rel(final)
+
+    def common(self) -> list[str]:
+        """Table and policy options shared by training and evaluation."""
+        s = self.size
+        if self.args.gpu:  # ART generates free text with the built-in prompt and full memory
+            return ["--rounds", str(s["rounds"])]
+        prompt = self.work / "prompt.txt"
+        if not prompt.exists():
+            atomic_write(prompt, PROMPT)
+        return ["--rounds", str(s["rounds"]), "--prompt-file", rel(prompt), "--memory", "none",
+                "--threads", "1", "--decode", "constrained"]
+
+    def train_job(self, name: str, recipe: dict, seed: int, model: str) -> tuple[str, list[str]] | None:
+        s = self.size
+        run_dir = self.work / f"run-{name}-s{seed}"
+        if len(journal(run_dir)) >= s["steps"]:
+            return None  # done
+        backend = ["--backend", "art", "--max-new-tokens", "256"] if self.args.gpu else [
+            "--backend", "peft", "--lr", str(self.args.lr), "--micro-batch", "96"]
+        return (f"train-{name}-s{seed}", [
+            tool("dphil-train"), "-q", *backend, "--base-model", model, "--run-dir", rel(run_dir),
+            "--run", f"{name}-s{seed}", "--reward", recipe["reward"], "--advantage", recipe["advantage"],
+            *recipe["sizes"], "--seed", str(seed), "--steps", str(s["steps"]),
+            "--groups", str(s["groups"]), "--group-size", str(s["group_size"]),
+            "--val-every", str(s["val_every"]), "--val-seeds", s["val_seeds"], "--val-n", "3,5",
+            *self.common(), "--episodes-out", rel(self.work / f"ep-{name}-s{seed}.jsonl"),
+        ])
+
+    def select(self, recipe: str, rule: str, seed: int) -> Path:
+        """dphil-ckpt-select --by val (on the run's validation episodes) or --by last; atomic, once."""
+        out = self.work / f"sel-{recipe}-{rule}-s{seed}.jsonl"
+        if not out.exists():
+            ckpts = self.work / f"run-{recipe}-s{seed}" / "checkpoints.jsonl"
+            args = [tool("dphil-ckpt-select"), "-q", "--by", rule, rel(ckpts)]
+            if rule == "val":
+                args.append(rel(self.work / f"ep-{recipe}-s{seed}.jsonl"))
+            check([*args, "-o", rel(out)])
+        return out
+
+    def test_job(self, arm: str, source: list[str], path: Path) -> tuple[str, list[str]] | None:
+        s = self.size
+        expected = 2 * len(expand(s["test_seeds"])) * (len(source) // 2 if source[0] == "--checkpoints" else 1)
+        if complete_lines(path) >= expected:
+            return None
+        # On a GPU the adapters ART trained on free text are evaluated on free text too.
+        batch = ["--decode", "free"] if self.args.gpu else ["--batch", "32", "--threads", "1"]
+        return (f"test-{arm}-{path.stem}", [
+            tool("dphil-rollout"), "-q", *source, "--seeds", s["test_seeds"], "-n", "3,5",
+            "--tag", f"recipe={arm}", *self.common(), *batch,
+            "-o", rel(path), "--resume",
+        ])
+
+    # -- the experiment --------------------------------------------------------------------------
+    def run(self) -> None:
+        t0 = time.monotonic()
+        model = self.model()
+        width = 1 if self.args.gpu else self.args.jobs  # one ART trainer per GPU
+        # Phase 1: the recipes that do not depend on the validation choice, and the base model.
+        first = recipes(self.size["steps"], None, self.ablations)
+        jobs = [j for name, r in first.items() for seed in self.seeds
+                if (j := self.train_job(name, r, seed, model))]
+        base_path = self.work / "test-base.jsonl"
+        if (j := self.test_job("base", ["-m", f"hf:{model}"], base_path)):
+            jobs.append(j)
+        say(f"phase 1: {len(jobs)} job(s)")
+        run_jobs(jobs, width, self.logs)
+        # The better credit assignment, on validation only (never the test seeds).
+        best = self.choose()
+        full = recipes(self.size["steps"], best, self.ablations)
+        jobs = [j for name, r in full.items() if r.get("after_choice") for seed in self.seeds
+                if (j := self.train_job(name, r, seed, model))]
+        say(f"phase 2 (advantage chosen on validation: {best}): {len(jobs)} job(s)")
+        run_jobs(jobs, width, self.logs)
+        self.check_seeds(full)
+        # Phase 3: selections and the test rollouts of every arm.
+        jobs = []
+        arm_files: dict[str, Path] = {"base": base_path}
+        for arm, (recipe, rule) in arms(best, self.ablations).items():
+            sels = [self.select(recipe, rule, seed) for seed in self.seeds]
+            path = self.work / f"test-{arm}.jsonl"
+            source = [x for sel in sels for x in ("--checkpoints", rel(sel))]
+            if (j := self.test_job(arm, source, path)):
+                jobs.append(j)
+            arm_files[arm] = path
+        say(f"phase 3: {len(jobs)} test rollout(s)")
+        run_jobs(jobs, width, self.logs)
+        self.report(best, full, arm_files, time.monotonic() - t0)
+
+    def choose(self) -> str:
+        """philosopher or step: the higher mean validation score of the checkpoints --by val keeps."""
+        path = self.work / "choice.json"
+        if path.exists():
+            return json.loads(path.read_text())["advantage"]
+        scores = {}
+        for mode in ("philosopher", "step"):
+            picked = [read_jsonl(self.select(f"dphil-{mode}", "val", seed))[0] for seed in self.seeds]
+            scores[mode] = mean(p["selection"]["score"] for p in picked)
+        best = max(scores, key=lambda m: (scores[m], m == "philosopher"))
+        atomic_write(path, json.dumps({"advantage": best, "val_scores": scores,
+                                       "how": "mean over training seeds of the validation score "
+                                              "(shaped reward) of the checkpoint --by val keeps"}) + "\n")
+        return best
+
+    def check_seeds(self, full: dict) -> None:
+        val, test = set(expand(self.size["val_seeds"])), set(expand(self.size["test_seeds"]))
+        assert not val & test, "validation and test seeds overlap"
+        for name in full:
+            for seed in self.seeds:
+                for rec in journal(self.work / f"run-{name}-s{seed}"):
+                    trained = set(rec["train_seeds"])
+                    assert not trained & (val | test), f"{name}-s{seed}: a training seed is held out"
+
+    # -- results ---------------------------------------------------------------------------------
+    def report(self, best: str, full: dict, arm_files: dict[str, Path], seconds: float) -> None:
+        order = ["base", "study", "dphil", *[a for a in arm_files if a.startswith("abl-")]]
+        compares = [("base", "study"), ("base", "dphil"), ("study", "dphil"),
+                    *[("dphil", a) for a in order if a.startswith("abl-")]]
+        summary: dict = {
+            "command": "python bench/recipes.py " + " ".join(sys.argv[1:]),
+            "size": self.size, "seeds": self.seeds, "advantage_choice": json.loads(
+                (self.work / "choice.json").read_text()),
+            "recipes": full, "arms": {a: list(v) for a, v in arms(best, self.ablations).items()},
+            "model": self.args.base_model if self.args.gpu else
+            "tests/tinymodel.py tiny random Qwen3 + single-token action names (bench/train_curve.py)",
+            "lr": self.args.lr, "seconds": round(seconds),
+        }
+        for yardstick in ("shaped", "paper"):
+            scored = self.work / f"test-all.{yardstick}.jsonl"
+            if not scored.exists():
+                check([tool("dphil-score"), "-q", "--reward", yardstick,
+                       *[rel(arm_files[a]) for a in order], "-o", rel(scored)])
+            args = [tool("dphil-stats"), "-q", rel(scored), "--by", "recipe,n"]
+            for a, b in compares:
+                args += ["--compare", "recipe", a, b]
+            table = check([*args, "--format", "markdown"])
+            atomic_write(self.out / f"table-{yardstick}.md", table)
+            records = [json.loads(line) for line in check(args).splitlines()]
+            atomic_write(self.out / f"stats-{yardstick}.jsonl",
+                         "".join(json.dumps(r) + "\n" for r in records))
+            summary[yardstick] = digest(records)
+        summary["training"] = {name: {f"s{seed}": curve(journal(self.work / f"run-{name}-s{seed}"))
+                                      for seed in self.seeds} for name in full}
+        summary["selected_steps"] = {
+            arm: [read_jsonl(self.select(recipe, rule, seed))[0]["step"] for seed in self.seeds]
+            for arm, (recipe, rule) in arms(best, self.ablations).items()}
+        atomic_write(self.out / "summary.json", json.dumps(summary, indent=1) + "\n")
+        plot_curves(summary, self.out)
+        say(f"done in {seconds:.0f}s: {rel(self.out)}")
+        print((self.out / "table-shaped.md").read_text())
+
+
+def digest(records: list[dict]) -> dict:
+    """The numbers the README quotes, from dphil-stats' own records."""
+    cells = {f"{r['recipe']}/n={r['n']}": {k: r.get(k) for k in (
+        "episodes", "reward_mean", "reward_ci", "meals_mean", "deadlock_rate", "degenerate_rate")}
+        for r in records if r["kind"] == "cell"}
+    comps = {}
+    for r in records:
+        if r["kind"] != "comparison":
+            continue
+        comps[f"{r['a']} vs {r['b']} n={r.get('n')}"] = {k: r.get(k) for k in (
+            "diff", "p_value", "p_adjusted", "hedges_g", "hedges_g_ci", "paired")}
+    return {"cells": cells, "comparisons": comps}
+
+
+def curve(records: list[dict]) -> dict:
+    keys = ("train_reward", "train_meals_mean", "train_deadlock_rate", "val_reward", "val_meals_mean",
+            "val_deadlock_rate", "advantage_tied_groups", "advantage_groups", "n")
+    return {str(r["step"]): {k: r.get(k) for k in keys if k in r} for r in records}
+
+
+def plot_curves(summary: dict, out: Path) -> None:
+    """One figure per trained recipe: training and validation curves, thin per seed, thick mean."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("train_reward", "training reward (own)"), ("val_reward", "validation reward (own)"),
+              ("train_meals_mean", "meals / training episode"), ("val_meals_mean", "meals / val episode"),
+              ("train_deadlock_rate", "deadlock rate, training"), ("val_deadlock_rate", "deadlock rate, val")]
+    for name, runs in summary["training"].items():
+        fig, axes = plt.subplots(3, 2, figsize=(10, 8.5), sharex=True)
+        for ax, (key, title) in zip(axes.flat, panels, strict=True):
+            series = []
+            for seed, steps in runs.items():
+                pts = sorted((int(s), v[key]) for s, v in steps.items() if v.get(key) is not None)
+                if not pts:
+                    continue
+                xs, ys = zip(*pts, strict=True)
+                ax.plot(xs, ys, lw=1, alpha=0.4, label=seed)
+                series.append(dict(pts))
+            common = sorted(set.intersection(*(set(s) for s in series))) if series else []
+            if common:
+                ax.plot(common, [mean(s[x] for s in series) for x in common], lw=2.4, color="black",
+                        label="mean")
+            ax.set_title(title, fontsize=10)
+            ax.grid(alpha=0.3)
+        axes[0, 0].legend(fontsize=8)
+        for ax in axes[-1]:
+            ax.set_xlabel("step")
+        r = summary["recipes"][name]
+        fig.suptitle(f"{name}: reward {r['reward']}, --advantage {r['advantage']}, "
+                     f"{' '.join(r['sizes'])}", fontsize=11)
+        fig.tight_layout()
+        tmp = out / f".curve-{name}.png"
+        fig.savefig(tmp, dpi=80)
+        os.replace(tmp, out / f"curve-{name}.png")
+        plt.close(fig)
+
+
+# -- small helpers --------------------------------------------------------------------------------
+
+
+def say(msg: str) -> None:
+    print(f"[recipes {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def journal(run_dir: Path) -> list[dict]:
+    path = run_dir / "checkpoints.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()
+            if line.strip() and line.endswith("}")]
+
+
+def complete_lines(path: Path) -> int:
+    if not path.exists():
+        return 0
+    n = 0
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            n += json.loads(line).get("status") == "complete"
+    return n
+
+
+def expand(text: str) -> list[int]:
+    from dphil.rollout import parse_int_list
+
+    return parse_int_list(text, "seeds")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="A tiny size that runs end to end in minutes.")
+    ap.add_argument("--gpu", action="store_true",
+                    help="ART on a CUDA GPU at the study's sizes (needs openpipe-art[backend]).")
+    ap.add_argument("--base-model", default="Qwen/Qwen3-14B", help="--gpu: the model to train.")
+    ap.add_argument("--seeds", default=None, help="Training seeds (comma list) [default: per size].")
+    ap.add_argument("--ablations", default=None, metavar="LIST",
+                    help=f"Ablation arms, from {','.join(ABLATIONS)} or none [default: all; smoke: "
+                         "other,last].")
+    ap.add_argument("--lr", type=float, default=3e-3, help="peft learning rate (tiny model).")
+    ap.add_argument("--jobs", type=int, default=2, help="Commands in parallel (1 thread each).")
+    ap.add_argument("--work", type=Path, default=None, help="Work files [bench/out/recipes[-smoke]].")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="Tables, plots, summary [bench/results/recipes[-gpu]; smoke: WORK/results].")
+    args = ap.parse_args()
+    if args.smoke and args.gpu:
+        ap.error("--smoke and --gpu are different sizes")
+    # SIGTERM (kill, scancel) unwinds like Ctrl-C, so the running commands are stopped with us.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    tag = "-smoke" if args.smoke else "-gpu" if args.gpu else ""
+    args.work = args.work or ROOT / "bench" / "out" / f"recipes{tag}"
+    # Only the full size's results are committed; a smoke run's stay with its work files.
+    args.out = args.out or (args.work / "results" if args.smoke else ROOT / "bench" / "results" / f"recipes{tag}")
+    Experiment(args).run()
+
+
+if __name__ == "__main__":
+    main()
