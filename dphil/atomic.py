@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,18 @@ def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def is_special(path: str | os.PathLike) -> bool:
+    """A target that exists and is not a regular file (/dev/null, a FIFO, a terminal).
+
+    Such a target is written in place: renaming a temporary file over it would replace
+    the device or pipe itself (as root, `-o /dev/null` would leave a plain file there).
+    """
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def temp_beside(path: str | os.PathLike) -> tuple[int, str]:
@@ -55,6 +68,14 @@ def discard(tmp: str) -> None:
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """`with atomic_file(p) as fh: fh.write(...)`: p appears complete on success, unchanged on failure."""
+    if is_special(path):
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except OSError as e:
+            raise OutputError(f"{path}: cannot write: {e.strerror}") from None
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+        return
     fd, tmp = temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as fh:

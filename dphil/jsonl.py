@@ -29,7 +29,7 @@ from typing import IO, Any
 
 import orjson
 
-from .atomic import discard, publish, temp_beside
+from .atomic import discard, is_special, publish, temp_beside
 from .errors import DataError, NoInputError, OutputError
 
 MAX_LINE = 64 * 1024 * 1024
@@ -218,8 +218,11 @@ class RecordWriter:
                 self._buffer = getattr(sys.stdout, "buffer", sys.stdout)
             return
         self._stream = False
+        self._sync = not is_special(path)  # a device or FIFO is written in place and not fsynced
         try:
-            if mode == "append":
+            if not self._sync:
+                self._fd = os.open(path, os.O_WRONLY)
+            elif mode == "append":
                 self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             else:
                 self._fd, self._tmp = temp_beside(path)
@@ -287,7 +290,7 @@ class RecordWriter:
         finally:
             if not self._stream:
                 try:
-                    if success or self.mode == "append":
+                    if self._sync and (success or self.mode == "append"):
                         os.fsync(self._fd)
                 finally:
                     os.close(self._fd)
