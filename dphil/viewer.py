@@ -119,7 +119,8 @@ SCRIPT = r"""
     return el;
   }
   var SHOWN = ["action", "ok", "reason"];
-  var BLOCKS = ["raw", "tool_call", "ignored_tool_calls", "reasoning", "talk"];
+  // "reply": the raw text of a local model's turn in schema-1 records (now "raw").
+  var BLOCKS = ["raw", "reply", "tool_call", "ignored_tool_calls", "reasoning", "talk"];
   function show(mark) {
     var section = mark.closest("section.episode");
     var panel = section.querySelector(".turn");
@@ -143,7 +144,7 @@ SCRIPT = r"""
     function present(v) { return v !== undefined && v !== null && !(Array.isArray(v) && v.length === 0); }
     BLOCKS.forEach(function (k) {
       if (!present(t[k])) return;
-      add(panel, "div", k === "raw" ? "raw reply" : k.replace(/_/g, " "), "hint");
+      add(panel, "div", k === "raw" || k === "reply" ? "raw reply" : k.replace(/_/g, " "), "hint");
       add(panel, "pre", typeof t[k] === "string" ? t[k] : JSON.stringify(t[k], null, 2));
     });
     if (!BLOCKS.some(function (k) { return present(t[k]); }))
