@@ -258,7 +258,8 @@ class OpenAIServer:
         return self
 
     def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
+        """Close the listener and every connection (held requests are dropped); idempotent."""
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
 

@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import EX_UNAVAILABLE, DphilError, MissingExtraError
 from .capped import DEFAULT_MAX_REPLY_BYTES, guarded
 from .reasons import describe
-from .registry import ModelSpec
+from .registry import ModelSpec, public_url
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -193,6 +193,7 @@ class Completion:
     latency_s: float
     retries: int
     cost: float
+    server: str | None = None  # which of several servers answered (a URL without secrets)
 
     @property
     def usage(self) -> dict[str, int]:
@@ -227,6 +228,16 @@ class Gateway:
             RateLimiter(self.limits.rpm, self.limits.tpm)
             if self.limits.rpm or self.limits.tpm else None
         )
+        self._routers: dict[str, Any] = {}
+
+    def _router(self, litellm: Any, spec: ModelSpec, key: str | None) -> Any:
+        """The Router of a model served by several servers (made once per run and model)."""
+        router = self._routers.get(spec.name)
+        if router is None:
+            from .servers import make_router
+
+            router = self._routers[spec.name] = make_router(litellm, spec, key)
+        return router
 
     async def complete(
         self,
@@ -248,15 +259,22 @@ class Gateway:
             "max_retries": 0,
             "drop_params": True,
         }
-        base = spec.base_url
-        if base:
-            kwargs["api_base"] = base
+        bases = spec.bases
+        if len(bases) == 1:
+            kwargs["api_base"] = bases[0]
         if key:
             kwargs["api_key"] = key
         if tools:
             kwargs["tools"] = tools
             if tool_choice:
                 kwargs["tool_choice"] = tool_choice
+        if len(bases) > 1:  # several servers: litellm's Router picks one per call
+            router = self._router(litellm, spec, key)
+            kwargs["model"] = spec.name
+            kwargs.pop("api_key", None)
+            call = router.acompletion
+        else:
+            call = litellm.acompletion
         estimate = _estimate_tokens(messages, tools) if self._limiter else 0
         attempt = 0
         stats = self.stats
@@ -271,7 +289,7 @@ class Gateway:
                     # goes silent must not hold the slot for ever.
                     with guarded(limits.max_reply_bytes) as guard:
                         response = await asyncio.wait_for(
-                            litellm.acompletion(**kwargs), limits.timeout + 5.0
+                            call(**kwargs), limits.timeout + 5.0
                         )
                 except asyncio.CancelledError:
                     raise
@@ -284,6 +302,9 @@ class Gateway:
                 latency = time.monotonic() - start
             if failure is None:
                 completion = _completion(litellm, response, latency, attempt, spec)
+                if len(bases) > 1:
+                    hidden = getattr(response, "_hidden_params", None) or {}
+                    completion.server = public_url(hidden.get("api_base"))
                 if entry is not None:
                     RateLimiter.settle(
                         entry, completion.prompt_tokens + completion.completion_tokens

@@ -18,15 +18,16 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import ConfigError, NoInputError
+from ..errors import EX_DATAERR, ConfigError, NoInputError
 
 REGISTRY_ENV = "DPHIL_MODELS"
 
 # Field name -> accepted types (bool is checked before int, as it is a subclass).
 _FIELDS: dict[str, tuple[type, ...]] = {
     "model": (str,),
-    "api_base": (str,),
+    "api_base": (str, list),
     "api_base_env": (str,),
     "api_key_env": (str,),
     "tools": (bool,),
@@ -47,21 +48,34 @@ class ModelSpec:
 
     name: str
     model: str
-    api_base: str | None = None
+    api_base: str | tuple[str, ...] | None = None
     api_base_env: str | None = None
     api_key_env: str | None = None
     tools: bool = True
     params: dict[str, Any] = field(default_factory=dict)
     description: str | None = None
 
+    def __post_init__(self) -> None:
+        if isinstance(self.api_base, list):
+            object.__setattr__(self, "api_base", tuple(self.api_base))
+
     @property
-    def base_url(self) -> str | None:
-        """The server URL: the env variable named by `api_base_env` when set, else `api_base`."""
+    def bases(self) -> tuple[str, ...]:
+        """The server URLs: the env variable named by `api_base_env` when set (several separated
+        by commas), else `api_base` (one URL, or a list of servers that share the calls)."""
         if self.api_base_env:
             value = os.environ.get(self.api_base_env, "").strip()
             if value:
-                return value
-        return self.api_base
+                return tuple(u.strip() for u in value.split(",") if u.strip())
+        if isinstance(self.api_base, tuple):
+            return self.api_base
+        return (self.api_base,) if self.api_base else ()
+
+    @property
+    def base_url(self) -> str | None:
+        """The server URL of a single-server entry (None when there is none, or several)."""
+        bases = self.bases
+        return bases[0] if len(bases) == 1 else None
 
     def api_key(self) -> str | None:
         """The key from the environment at call time (None: litellm's own lookup applies)."""
@@ -106,11 +120,43 @@ def parse_registry(text: str, source: str) -> dict[str, dict[str, Any]]:
                 raise ConfigError(f"{where}: unknown field {key!r} (known: {', '.join(_FIELDS)})")
             if not isinstance(value, _FIELDS[key]) or (key != "tools" and isinstance(value, bool)):
                 raise ConfigError(f"{where}: field {key!r} has the wrong type")
+        if isinstance(entry.get("api_base"), list):
+            _check_bases(entry["api_base"], where)
         bad = _RESERVED_PARAMS & set(entry.get("params", {}))
         if bad:
             raise ConfigError(f"{where}: params may not set {', '.join(sorted(bad))}")
         out[alias] = dict(entry)
     return out
+
+
+def _check_bases(bases: list[Any], where: str) -> None:
+    """A list of servers for one model: at least one, each an http(s) URL (exit 65 otherwise)."""
+    if not bases:
+        raise ConfigError(f"{where}: api_base is an empty list; give one URL or several",
+                          exit_code=EX_DATAERR)
+    for k, url in enumerate(bases):
+        if not is_url(url):
+            raise ConfigError(f"{where}: api_base[{k}] = {url!r} is not an http(s) URL",
+                              exit_code=EX_DATAERR)
+
+
+def is_url(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    parts = urlsplit(value)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def public_url(url: str | None) -> str | None:
+    """A server URL fit for records and messages: no user, password, query or fragment."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 class Registry:

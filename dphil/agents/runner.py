@@ -62,8 +62,11 @@ def _kept(field: str, text: str | None) -> dict[str, Any]:
 
 
 def _call_extras(c: Completion) -> dict[str, Any]:
-    return {"usage": c.usage, "latency_s": c.latency_s, "retries": c.retries,
-            "cost": round(c.cost, 8)}
+    extras = {"usage": c.usage, "latency_s": c.latency_s, "retries": c.retries,
+              "cost": round(c.cost, 8)}
+    if c.server is not None:
+        extras["server"] = c.server
+    return extras
 
 
 class Episode:
