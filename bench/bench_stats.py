@@ -9,6 +9,14 @@ the run has 8 cells and 2 seed-paired comparisons. Both sides run as fresh proce
 so both pay their imports: the baseline is `polars.read_ndjson(FILE)` with polars'
 own schema inference; dphil-stats reads, checks, groups, tests and writes records.
 Target: dphil-stats under twice the plain read.
+
+    python bench/bench_stats.py --episodes 120000 --html --cell-major --repeat 3
+
+`--html` also times `--format html` (the report page with 3 timelines per cell)
+against the same command writing records, alternating them, with each run's peak
+memory: what keeping a few whole episodes per cell costs. `--cell-major` writes the
+file cell after cell (as a grid from dphil-rollout is), the worst order for finding
+the first episodes of the last cell.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ POLICIES = ("hierarchy", "random", "greedy", "naive")
 POOL_SEEDS = 250
 
 
-def build(path: str, episodes: int) -> None:
+def build(path: str, episodes: int, cell_major: bool = False) -> None:
     from dphil.episode import play
     from dphil.policies import get_policy
     from dphil.records import EpisodeConfig
@@ -46,8 +54,9 @@ def build(path: str, episodes: int) -> None:
     dumps = orjson.dumps
     with open(path, "wb") as fh:
         chunk: list[bytes] = []
+        per = -(-episodes // cells)
         for k in range(episodes):
-            cell, j = k % cells, (k // cells)
+            cell, j = (k // per, k % per) if cell_major else (k % cells, k // cells)
             record = pool[cell * per_cell + j % per_cell]
             record["seed"] = j  # seeds shared across models: comparisons pair by seed
             chunk.append(dumps(record))
@@ -67,6 +76,18 @@ def timed(argv: list[str]) -> float:
     return elapsed
 
 
+def timed_rss(argv: list[str]) -> tuple[float, float]:
+    """Wall seconds and peak resident memory (MB) of one fresh process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        sys.exit(f"failed ({proc.returncode}): {' '.join(argv)}")
+    return elapsed, usage.ru_maxrss / 1024
+
+
 def stats_command() -> list[str]:
     exe = shutil.which("dphil-stats", path=os.path.dirname(sys.executable))
     if exe:
@@ -79,6 +100,8 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=1_000_000)
     ap.add_argument("--keep", metavar="FILE", help="build (or reuse) the episodes at FILE")
     ap.add_argument("--repeat", type=int, default=1, help="best of this many runs each")
+    ap.add_argument("--html", action="store_true", help="time --format html against the records")
+    ap.add_argument("--cell-major", action="store_true", help="write the file cell after cell")
     args = ap.parse_args()
 
     tmpdir = None
@@ -90,12 +113,27 @@ def main() -> None:
     try:
         if not os.path.exists(path):
             start = time.perf_counter()
-            build(path, args.episodes)
+            build(path, args.episodes, args.cell_major)
             print(f"built {args.episodes:,} scored episodes ({os.path.getsize(path) / 1e9:.2f} GB) "
                   f"in {time.perf_counter() - start:.1f} s", flush=True)
         plain = [sys.executable, "-c", "import sys, polars; polars.read_ndjson(sys.argv[1])", path]
         ours = [*stats_command(), path, "-q", "-o", os.devnull,
                 "--compare", "model", "scripted:naive", "scripted:hierarchy"]
+        if args.html:
+            html = [*stats_command(), path, "-q", "--format", "html", "-o", path + ".html",
+                    "--compare", "model", "scripted:naive", "scripted:hierarchy"]
+            runs: dict[str, list[tuple[float, float]]] = {"records": [], "html": []}
+            for _ in range(args.repeat):
+                runs["records"].append(timed_rss(ours))
+                runs["html"].append(timed_rss(html))
+            for name, got in runs.items():
+                print(f"dphil-stats {name:8}: {min(t for t, _ in got):7.2f} s best, "
+                      f"peak {max(m for _, m in got):7.0f} MB", flush=True)
+            size = os.path.getsize(path + ".html") / 1e6
+            print(f"page: {size:.2f} MB; html/records: "
+                  f"{min(t for t, _ in runs['html']) / min(t for t, _ in runs['records']):.2f}x")
+            os.unlink(path + ".html")
+            return
         t_plain = min(timed(plain) for _ in range(args.repeat))
         print(f"plain polars.read_ndjson: {t_plain:7.2f} s", flush=True)
         t_ours = min(timed(ours) for _ in range(args.repeat))

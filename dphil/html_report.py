@@ -77,14 +77,17 @@ class EpisodeSample:
         if self.k <= 0 or frame.height == 0:
             return
         done = frame.select(self.by).with_row_index("_row").filter(~frame["_error"])
+        for *values, count in done.group_by(self.by).len().iter_rows():
+            key = tuple(key_value(v) for v in values)
+            self._seen[key] = self._seen.get(key, 0) + count
+        firsts = done.group_by(self.by, maintain_order=True).head(self.k).sort("_row")
         wanted: dict[int, Key] = {}
-        short = {}
-        for row in done.iter_rows():
-            key = tuple(key_value(v) for v in row[1:])
-            self._seen[key] = self._seen.get(key, 0) + 1
+        short: dict[Key, int] = {}
+        for row, *values in firsts.select(["_row", *self.by]).iter_rows():
+            key = tuple(key_value(v) for v in values)
             room = short.setdefault(key, self.k - len(self.kept.get(key, ())))
             if room > 0:
-                wanted[row[0]] = key
+                wanted[row] = key
                 short[key] = room - 1
         if not wanted:
             return
@@ -101,7 +104,7 @@ class EpisodeSample:
         row = -1
         with self._lines(source, data) as stream:
             for line in stream:
-                if not line.strip():
+                if line.isspace():
                     continue
                 row += 1
                 key = wanted.get(row)
@@ -127,7 +130,7 @@ class EpisodeSample:
             for line in stream:
                 if due <= 0:
                     break
-                if not line.strip():
+                if line.isspace():
                     continue
                 record = _episode(line)
                 if record is None:

@@ -221,6 +221,7 @@ def test_the_report_renders_in_chromium_and_its_links_land(made):
 
     with browser.session() as b:
         page = b.open(made["page"])
+        page.set_viewport_size({"width": 1200, "height": 1240})  # the tables and the plots
         png = made["folder"] / "report.png"
         b.screenshot(page, png, full_page=False)
         assert b.problems == []
@@ -240,6 +241,8 @@ def test_the_report_renders_in_chromium_and_its_links_land(made):
         page.click("#cell-4 a[href='#cell-4-ep-1']")
         top = page.evaluate("document.getElementById('cell-4-ep-1').getBoundingClientRect().top")
         assert abs(top) < 5
+        page.set_viewport_size({"width": 1200, "height": 760})
+        page.evaluate("document.getElementById('timelines').scrollIntoView()")
         shot = made["folder"] / "report-timelines.png"
         b.screenshot(page, shot, full_page=False)
         assert browser.non_blank(shot.read_bytes())
