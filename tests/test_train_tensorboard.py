@@ -40,20 +40,25 @@ def read_events(directory: Path) -> dict[str, dict[int, float]]:
 
     acc = EventAccumulator(str(directory), size_guidance={"scalars": 0})
     acc.Reload()
-    return {
-        tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]
-    }
+    out = {}
+    for tag in acc.Tags()["scalars"]:
+        events = acc.Scalars(tag)
+        steps = [e.step for e in events]
+        assert len(steps) == len(set(steps)), f"{tag}: a step shows twice: {steps}"
+        out[tag] = {e.step: e.value for e in events}
+    return out
 
 
 def test_event_files_hold_every_checkpoint_number_per_step(tiny, prompt_file, tmp_path):
     run_dir = tmp_path / "run"
-    common = ("--val-every", "2", "--val-seeds", "900-901", "--tensorboard")
-    result, records = invoke(base_args(tiny, prompt_file, run_dir, "--steps", "2", *common))
-    assert result.exit_code == 0, result.stderr
-    # Resuming adds the next step to the same log (a second event file).
-    result, more = invoke(base_args(tiny, prompt_file, run_dir, "--steps", "3", *common))
-    assert result.exit_code == 0, result.stderr
-    records += more
+    common = ("--val-every", "2", "--val-seeds", "900-901")
+    # Step 1 without the flag, step 2 with it, step 3 resumed with it: each resume rewrites the
+    # journal's steps into the log and hides the earlier events, so every step shows once.
+    records = []
+    for steps, flag in (("1", ()), ("2", ("--tensorboard",)), ("3", ("--tensorboard",))):
+        result, more = invoke(base_args(tiny, prompt_file, run_dir, "--steps", steps, *common, *flag))
+        assert result.exit_code == 0, result.stderr
+        records += more
     assert [r["step"] for r in records] == [1, 2, 3]
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 2
 
@@ -70,8 +75,10 @@ def test_event_files_hold_every_checkpoint_number_per_step(tiny, prompt_file, tm
     for tag in ("train/reward", "train/meals", "train/deadlock_rate", "train/zero_std_groups",
                 "loss/loss", "loss/kl", "optim/learning_rate", "time/seconds_per_step"):
         assert sorted(events[tag]) == [1, 2, 3], tag
-    assert sorted(events["val/reward"]) == [2, 3]
-    assert sorted(events["val/reward_n3"]) == [2, 3]
+    # Validation ran every 2 steps and at each invocation's last step (1, 2, 3 here).
+    validated = [r["step"] for r in records if "val_reward" in r]
+    assert validated == [1, 2, 3]
+    assert sorted(events["val/reward"]) == sorted(events["val/reward_n3"]) == validated
     assert events["train/reward"][3] == pytest.approx(records[2]["train_reward"])
     assert events["time/seconds_per_step"][1] == pytest.approx(records[0]["seconds"])
     # And the journal agrees with stdout, so the log can be rebuilt from either.

@@ -220,7 +220,9 @@ def launch(console: Console, opts: dict[str, Any]) -> int:
         if opts.get("tensorboard"):
             from .tensorboard_log import TensorBoardLog
 
-            board = TensorBoardLog(cfg.run_dir)
+            board = TensorBoardLog(
+                cfg.run_dir, load_journal(cfg.run_dir) if cfg.run_dir.exists() else []
+            )
 
         def emit(record: dict[str, Any]) -> None:
             out.write(record)

@@ -66,25 +66,35 @@ def check_available() -> None:
 class TensorBoardLog:
     """Event files in the run directory, one scalar per tag and step.
 
-    The event file is opened at the first step, so a run refused before it
-    trains (changed settings on resume, nothing left to do) leaves none behind.
-    A resumed run adds a new event file; TensorBoard reads them together.
+    The journal is the account of the run, so a resumed run first writes the
+    committed steps again (`journal`) and tells TensorBoard to drop every
+    earlier event (`purge_step=1`): a step whose events a kill cut off, or a
+    run started without `--tensorboard`, still shows in full, and none shows
+    twice. The event file is opened at the first new step, so a run refused
+    before it trains (changed settings, nothing left to do) leaves none behind.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, journal: list[dict[str, Any]] | None = None) -> None:
         check_available()
         self.directory = directory
+        self._journal = list(journal or [])
         self._writer: Any = None
 
     def write(self, record: dict[str, Any]) -> None:
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(self.directory))
+            self._writer = SummaryWriter(log_dir=str(self.directory),
+                                         purge_step=1 if self._journal else None)
+            for old in self._journal:
+                self._add(old)
+        self._add(record)
+        self._writer.flush()
+
+    def _add(self, record: dict[str, Any]) -> None:
         step = record["step"]
         for tag, value in scalars(record).items():
             self._writer.add_scalar(tag, value, global_step=step)
-        self._writer.flush()
 
     def close(self) -> None:
         if self._writer is not None:
