@@ -90,7 +90,8 @@ def test_a_failure_masks_every_secret_in_the_environment(server, monkeypatch, pr
             spec_for(server, provider, name), [{"role": "user", "content": "hi"}]))
     reason = info.value.reason
     assert "zz9f8e7d6c5b4a" not in reason and KEY not in reason
-    assert reason.startswith(f"fail-{REDACTED}-{provider}: failed on 1 attempt(s)")
+    # The reason names the server it could not get an answer from.
+    assert reason.startswith(f"fail-{REDACTED}-{provider} at {server.url}: failed on 1 attempt(s)")
 
 
 def test_priced_model_cost_is_litellms(server, monkeypatch):

@@ -324,7 +324,9 @@ class Gateway:
                 stats.retries += attempt
                 tries = attempt + 1
                 what = "gave up after" if retryable else "failed on"
-                reason = f"{spec.name}: {what} {tries} attempt(s): {why}"
+                # Which server(s) failed, without any credentials a URL may carry.
+                where = f"{spec.name} at {', '.join(map(str, map(public_url, bases)))}" if bases else spec.name
+                reason = f"{where}: {what} {tries} attempt(s): {why}"
                 # Secrets are gathered only here, when a call has failed: scanning the
                 # environment costs ~70 us, too much to pay on every successful call.
                 raise LLMCallError(

@@ -31,9 +31,13 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "api_base_env": (str,),
     "api_key_env": (str,),
     "tools": (bool,),
+    "tool_choice": (str,),
     "params": (dict,),
     "description": (str,),
 }
+# `tool_choice` for the action calls (talk calls always send "none"): "required" makes a
+# server that constrains its output to the tools (llama.cpp) always return a tool call.
+_TOOL_CHOICES = ("auto", "required")
 # Parameters that would let a registry change where keys or requests go behind the
 # user's back, or that dphil sets itself; they are refused in `params`.
 _RESERVED_PARAMS = {
@@ -52,6 +56,7 @@ class ModelSpec:
     api_base_env: str | None = None
     api_key_env: str | None = None
     tools: bool = True
+    tool_choice: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     description: str | None = None
 
@@ -87,6 +92,8 @@ class ModelSpec:
         """What of this spec changes the measurement, for the episode id: the model id,
         the tool mode and the sampling parameters (not the server URL, which moves)."""
         out: dict[str, Any] = {"litellm_model": self.model, "tools": self.tools}
+        if self.tool_choice:
+            out["tool_choice"] = self.tool_choice
         if self.params:
             out["sampling"] = dict(sorted(self.params.items()))
         return out
@@ -122,6 +129,8 @@ def parse_registry(text: str, source: str) -> dict[str, dict[str, Any]]:
                 raise ConfigError(f"{where}: field {key!r} has the wrong type")
         if isinstance(entry.get("api_base"), list):
             _check_bases(entry["api_base"], where)
+        if entry.get("tool_choice", "auto") not in _TOOL_CHOICES:
+            raise ConfigError(f"{where}: tool_choice must be one of {', '.join(_TOOL_CHOICES)}")
         bad = _RESERVED_PARAMS & set(entry.get("params", {}))
         if bad:
             raise ConfigError(f"{where}: params may not set {', '.join(sorted(bad))}")

@@ -96,7 +96,7 @@ class Episode:
     async def _call(self, messages: list[dict[str, Any]], *, talk: bool) -> Completion:
         completion = await self.gateway.complete(
             self.spec, messages, tools=self.tools,
-            tool_choice=("none" if talk else None) if self.tools else None,
+            tool_choice=("none" if talk else self.spec.tool_choice) if self.tools else None,
         )
         self.usage.add(completion)
         return completion
