@@ -23,6 +23,8 @@ from tests.conftest import need_system_part, run
 
 ACTIONS = set(PROTOCOLS["paper"])
 # The turn format's end and a new line end a text reply: `ACTION: eat` needs a handful of tokens.
+# Lean: the short prompt (half the default's ~500 tokens, which a CPU must read every call).
+LEAN = ["--prompt", "minimal", "--timeout", "600", "-q"]
 TEXT_PARAMS = '{ max_tokens = 16, stop = ["<end_of_turn>", "\\n"], temperature = 1.0 }'
 
 
@@ -89,24 +91,21 @@ def transformers_serve(real_model):
 
 
 @pytest.mark.real_model
-def test_llamacpp_grid_with_tools_and_without(llamacpp, tmp_path, env):
+def test_llamacpp_grid_with_tools_and_without(llamacpp, env):
+    # The shipped registry entries, pointed at this server by their URL variable.
     # Tools on: tool_choice "required" makes llama.cpp constrain the reply to one tool call.
     # Tools off: the base model writes text and dphil's text fallback reads what it can.
-    model = f"hosted_vllm/{llamacpp.model}"
-    reg = write_registry(tmp_path / "models.toml", {
-        "lc-tools": f'model = "{model}"\napi_base = "{llamacpp.url}"\ntool_choice = "required"\n'
-                    'params = { max_tokens = 48, temperature = 1.0 }',
-        "lc-text": f'model = "{model}"\napi_base = "{llamacpp.url}"\ntools = false\nparams = {TEXT_PARAMS}',
-    })
-    p = run(["dphil-rollout", "--models", reg, "-m", "lc-tools", "-m", "lc-text", "-n", "3",
-             "--episodes", "2", "--rounds", "3", "--concurrency", "3", "-q"], env=env, timeout=600)
+    env["DPHIL_GEMMA_LLAMACPP_URL"] = llamacpp.url
+    tools, text = "gemma-3-270m-llamacpp", "gemma-3-270m-llamacpp-text"
+    p = run(["dphil-rollout", "-m", tools, "-m", text, "-n", "3", "--episodes", "2", "--rounds", "2",
+             *LEAN, "--concurrency", "3"], env=env, timeout=900)
     assert p.returncode == 0, p.stderr.decode()
     episodes = records(p.stdout)
-    check_played(episodes, expected=4, tools={"lc-tools": True, "lc-text": False})
-    tool_turns = [t for ep in episodes if ep["model"] == "lc-tools" for t in ep["turns"]]
+    check_played(episodes, expected=4, tools={tools: True, text: False})
+    tool_turns = [t for ep in episodes if ep["model"] == tools for t in ep["turns"]]
     # A constrained tool call always names a tool, so every tools-on turn is a legal action.
     assert all(t["parsed_via"] == "tool" and t["action"] in ACTIONS for t in tool_turns)
-    assert {ep["tool_choice"] for ep in episodes if ep["model"] == "lc-tools"} == {"required"}
+    assert {ep["tool_choice"] for ep in episodes if ep["model"] == tools} == {"required"}
     check_scored(p.stdout, env)
 
 
@@ -121,7 +120,7 @@ def test_transformers_serve_grid_with_tools_and_without(transformers_serve, tmp_
                    f"params = {TEXT_PARAMS}",
     })
     p = run(["dphil-rollout", "--models", reg, "-m", "ts-tools", "-m", "ts-text", "-n", "3",
-             "--episodes", "1", "--rounds", "2", "--concurrency", "3", "-q"], env=env, timeout=600)
+             "--episodes", "1", "--rounds", "2", *LEAN, "--concurrency", "3"], env=env, timeout=900)
     assert p.returncode == 0, p.stderr.decode()
     check_played(records(p.stdout), expected=2, tools={"ts-tools": True, "ts-text": False})
     check_scored(p.stdout, env)
@@ -167,7 +166,7 @@ def test_no_server_at_the_url_errors_naming_it_exits_75_and_is_never_scored(wher
     assert len(episodes) == 2
     for ep in episodes:
         assert ep["status"] == "error" and url in ep["error"], ep["error"]
-        assert ep["turns"] == [] and ep["meals"] == 0
+        assert ep["turns"] == [] and ep["meals"] == [0, 0, 0]
     assert url in p.stderr.decode()
     scored = run(["dphil-score", "--shaped"], input=p.stdout, env=env)
     assert scored.returncode == 0, scored.stderr.decode()
