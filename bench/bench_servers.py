@@ -61,7 +61,7 @@ def dphil(*args: str, stdin: bytes | None = None, env: dict | None = None) -> su
 def round_one_messages(n: int, tools: bool, prompt_name: str) -> list[list[dict]]:
     """Every seat's first request of an episode: the system prompt and the first observation."""
     prompt = builtin_prompt(prompt_name)
-    table = Table(n)
+    table = Table(n, 1)
     return [[{"role": "system", "content": prompt.system("paper", n, i, tools=tools)},
              {"role": "user", "content": observation_text(table.observe(i), {"messages": [], "talk": None},
                                                            tools=tools)}]

@@ -21,7 +21,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .errors import EX_NOINPUT, EX_UNAVAILABLE, EX_USAGE
+from .errors import EX_DATAERR, EX_NOINPUT, EX_UNAVAILABLE, EX_USAGE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
 
 _SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF type -> bytes
 _STRING, _ARRAY = 8, 9
+_MAX_FIELD = 1 << 26  # no key or string of a sane header is longer
 
 
 def gguf_architecture(path: Path) -> tuple[str | None, bool]:
@@ -58,8 +59,16 @@ def gguf_architecture(path: Path) -> tuple[str | None, bool]:
     unread), which takes milliseconds where `gguf.GGUFReader` maps every tensor.
     """
     with open(path, "rb") as fh:
+        def read(n: int) -> bytes:
+            if n > _MAX_FIELD:
+                raise ValueError(f"a header field claims {n} bytes")
+            data = fh.read(n)
+            if len(data) < n:
+                raise ValueError("header ends early (truncated file?)")
+            return data
+
         def u(n: int) -> int:
-            return int.from_bytes(fh.read(n), "little")
+            return int.from_bytes(read(n), "little")
 
         def skip(kind: int) -> None:
             if kind == _STRING:
@@ -75,15 +84,15 @@ def gguf_architecture(path: Path) -> tuple[str | None, bool]:
                 fh.seek(_SCALAR[kind], 1)
 
         if fh.read(4) != b"GGUF":
-            raise ValueError(f"{path}: not a GGUF file")
+            raise ValueError("no GGUF magic")
         u(4)  # version
         u(8)  # tensor count
         arch, has_template = None, False
         for _ in range(u(8)):
-            key = fh.read(u(8)).decode("utf-8", "replace")
+            key = read(u(8)).decode("utf-8", "replace")
             kind = u(4)
             if key == "general.architecture" and kind == _STRING:
-                arch = fh.read(u(8)).decode("utf-8", "replace")
+                arch = read(u(8)).decode("utf-8", "replace")
                 continue
             has_template = has_template or key == "tokenizer.chat_template"
             skip(kind)
@@ -112,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: --parallel must be >= 1 and --ctx-size >= 64", file=sys.stderr)
         return EX_USAGE
     try:
+        template = args.chat_template or default_template(path)
+    except (ValueError, KeyError, OSError, OverflowError, MemoryError) as e:
+        print(f"{name}: {path}: not a readable GGUF file ({e})", file=sys.stderr)
+        return EX_DATAERR
+    try:
         import xllamacpp
     except ImportError:
         print(f"{name}: needs xllamacpp: pip install 'dphil[real]'", file=sys.stderr)
@@ -126,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         params.cpuparams.n_threads = args.threads
         params.cpuparams_batch.n_threads = args.threads
-    template = args.chat_template or default_template(path)
     if template:
         params.chat_template = template
     if args.seed is not None:
@@ -138,7 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     # and the signal is taken here, by sigwait, and not by a thread that ignores it.
     stop = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop)
-    server = xllamacpp.Server(params)  # loads the model and starts listening
+    try:
+        server = xllamacpp.Server(params)  # loads the model and starts listening
+    except Exception as e:  # xllamacpp raises RuntimeError/ValueError with llama.cpp's reason
+        print(f"{name}: {path}: cannot serve it: {e}", file=sys.stderr)
+        return EX_DATAERR
     print(f"{name}: serving {path.name} as {sorted(params.model_alias)[0]!r} on "
           f"{server.listening_address}/v1 ({args.parallel} slot(s))", file=sys.stderr, flush=True)
     signal.sigwait(stop)

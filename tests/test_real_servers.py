@@ -171,3 +171,88 @@ def test_no_server_at_the_url_errors_naming_it_exits_75_and_is_never_scored(wher
     scored = run(["dphil-score", "--shaped"], input=p.stdout, env=env)
     assert scored.returncode == 0, scored.stderr.decode()
     assert [ep["reward"] for ep in records(scored.stdout)] == [None, None]
+
+
+# -- the pieces a real server run relies on, without one ---------------------------------------
+
+
+def test_tool_choice_required_goes_to_action_calls_and_none_to_talk(monkeypatch):
+    import asyncio
+
+    from dphil.agents.agent import AgentSettings
+    from dphil.agents.llm import Gateway, Limits
+    from dphil.agents.prompts import builtin_prompt
+    from dphil.agents.registry import ModelSpec
+    from dphil.agents.runner import model_variant, play_episode
+    from dphil.records import EpisodeConfig
+    from tests.openai_server import OpenAIServer
+
+    settings = AgentSettings(builtin_prompt(), talk=1)
+    with OpenAIServer() as server:
+        spec = ModelSpec(name="req", model="hosted_vllm/req", api_base=server.url, tool_choice="required")
+        config = EpisodeConfig("req", 3, rounds=1, seed=0, variant=model_variant(spec, settings))
+        record = asyncio.run(play_episode(config, spec, settings, Gateway(Limits(retries=0))))
+        bodies = [r["body"] for r in server.requests]
+    assert record["status"] == "complete" and record["tool_choice"] == "required"
+    choices = sorted(b.get("tool_choice") for b in bodies)
+    assert choices == ["none"] * 3 + ["required"] * 3  # one talk and one action call per seat
+    plain = ModelSpec(name="req", model="hosted_vllm/req", api_base="http://x/v1")
+    assert "tool_choice" not in plain.identity()  # ids of entries without the field are unchanged
+
+
+def test_registry_refuses_an_unknown_tool_choice(tmp_path):
+    from dphil.agents.registry import Registry
+    from dphil.errors import ConfigError
+
+    path = tmp_path / "m.toml"
+    path.write_text('[models.x]\nmodel = "hosted_vllm/x"\ntool_choice = "always"\n')
+    with pytest.raises(ConfigError, match="tool_choice must be one of auto, required"):
+        Registry.load([path], use_env=False)
+    assert Registry.load(use_env=False).resolve("gemma-3-270m-llamacpp").tool_choice == "required"
+
+
+def gguf_header(arch: str, template: bool) -> bytes:
+    """A GGUF file's start: magic, version 3, no tensors, then key/value pairs."""
+    def string(s: str) -> bytes:
+        return len(s.encode()).to_bytes(8, "little") + s.encode()
+
+    kvs = [string("general.architecture") + (8).to_bytes(4, "little") + string(arch),
+           string("tokenizer.ggml.scores") + (9).to_bytes(4, "little") + (6).to_bytes(4, "little")
+           + (3).to_bytes(8, "little") + b"\0" * 12,
+           string("tokenizer.ggml.tokens") + (9).to_bytes(4, "little") + (8).to_bytes(4, "little")
+           + (2).to_bytes(8, "little") + string("<bos>") + string("hi")]
+    if template:
+        kvs.append(string("tokenizer.chat_template") + (8).to_bytes(4, "little") + string("{{ x }}"))
+    return (b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little")
+            + len(kvs).to_bytes(8, "little") + b"".join(kvs))
+
+
+def test_llamacpp_reads_the_architecture_and_supplies_a_template_only_when_missing(tmp_path):
+    from dphil.llamacpp import default_template, gguf_architecture
+
+    bare, own = tmp_path / "bare.gguf", tmp_path / "own.gguf"
+    bare.write_bytes(gguf_header("gemma3", template=False))
+    own.write_bytes(gguf_header("gemma3", template=True))
+    assert gguf_architecture(bare) == ("gemma3", False)
+    assert gguf_architecture(own) == ("gemma3", True)
+    assert "<start_of_turn>" in default_template(bare)
+    assert default_template(own) is None
+
+
+@pytest.mark.parametrize(("content", "code", "says"), [
+    (None, 66, "no such GGUF file"),
+    (b"not a gguf at all", 65, "not a readable GGUF file (no GGUF magic)"),
+    (b"GGUF\x03\x00\x00\x00" + b"\xff" * 40, 65, "not a readable GGUF file"),
+])
+def test_llamacpp_refuses_a_missing_or_broken_file_in_one_line(tmp_path, content, code, says):
+    import subprocess
+    import sys
+
+    path = tmp_path / "model.gguf"
+    if content is not None:
+        path.write_bytes(content)
+    p = subprocess.run([sys.executable, "-m", "dphil.llamacpp", "-m", str(path), "--port", str(free_port())],
+                       capture_output=True, timeout=60)
+    assert p.returncode == code
+    err = p.stderr.decode()
+    assert err.count("\n") == 1 and says in err and str(path) in err
