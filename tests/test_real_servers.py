@@ -120,7 +120,7 @@ def test_transformers_serve_grid_with_tools_and_without(transformers_serve, tmp_
                    f"params = {TEXT_PARAMS}",
     })
     p = run(["dphil-rollout", "--models", reg, "-m", "ts-tools", "-m", "ts-text", "-n", "3",
-             "--episodes", "1", "--rounds", "2", *LEAN, "--concurrency", "3"], env=env, timeout=900)
+             "--episodes", "1", "--rounds", "1", *LEAN, "--concurrency", "3"], env=env, timeout=900)
     assert p.returncode == 0, p.stderr.decode()
     check_played(records(p.stdout), expected=2, tools={"ts-tools": True, "ts-text": False})
     check_scored(p.stdout, env)
