@@ -68,19 +68,23 @@ class LocalServer:
                 self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env}, start_new_session=True,
             )
+        try:
+            self._await(timeout)
+        except BaseException:  # a failed start, or Ctrl-C while waiting: never leave it running
+            self.stop()
+            raise
+        return self
+
+    def _await(self, timeout: float) -> None:
+        assert self.process is not None
         deadline = time.monotonic() + timeout
-        while True:
+        while not self.models_listed():
             if self.process.poll() is not None:
-                tail = self.log_tail()
-                self.stop()
                 raise ServerError(f"{self.name} exited with status {self.process.returncode} "
-                                  f"before answering on {self.url}: {tail}")
-            if self.models_listed():
-                return self
+                                  f"before answering on {self.url}: {self.log_tail()}")
             if time.monotonic() > deadline:
-                tail = self.log_tail()
-                self.stop()
-                raise ServerError(f"{self.name} did not answer on {self.url} within {timeout:.0f} s: {tail}")
+                raise ServerError(f"{self.name} did not answer on {self.url} within {timeout:.0f} s: "
+                                  f"{self.log_tail()}")
             time.sleep(0.5)
 
     def models_listed(self) -> bool:
