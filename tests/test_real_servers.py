@@ -256,3 +256,16 @@ def test_llamacpp_refuses_a_missing_or_broken_file_in_one_line(tmp_path, content
     assert p.returncode == code
     err = p.stderr.decode()
     assert err.count("\n") == 1 and says in err and str(path) in err
+
+
+def test_a_server_that_dies_before_answering_is_reported_with_its_log():
+    import sys
+
+    from dphil.servers import LocalServer, ServerError
+
+    s = LocalServer([sys.executable, "-c", "print('no model here'); raise SystemExit(3)"], "m", free_port(),
+                    name="dying")
+    with pytest.raises(ServerError, match=r"dying exited with status 3 before answering on http://127\.0\.0\.1:\d+/v1: "
+                                          r"no model here"):
+        s.start(timeout=60)
+    assert s.process.poll() == 3 and s.log_path is None  # stopped, its log removed
