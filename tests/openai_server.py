@@ -147,12 +147,12 @@ class OpenAIServer:
         if self._loop is not None and self._released is not None:
             self._loop.call_soon_threadsafe(self._released.set)
 
-    def wait_arrived(self, count: int, timeout: float = 60.0) -> bool:
+    def wait_arrived(self, count: int, timeout: float = 300.0) -> bool:
         """Block until `count` requests have arrived in all (True) or `timeout` passed (False)."""
         with self._changed:
             return self._changed.wait_for(lambda: self.arrived >= count, timeout)
 
-    def wait_served(self, count: int, timeout: float = 60.0) -> bool:
+    def wait_served(self, count: int, timeout: float = 300.0) -> bool:
         """Block until `count` requests have been answered in all."""
         with self._changed:
             return self._changed.wait_for(lambda: self.served >= count, timeout)

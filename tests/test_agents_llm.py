@@ -181,7 +181,7 @@ def test_concurrency_bounds_calls_in_flight(monkeypatch):
         assert not s.wait_arrived(4, timeout=0.5)
         assert gw_holder["gw"].stats.in_flight == 3
         s.release()
-        running.result(timeout=60)
+        running.result(timeout=300)
         assert s.max_in_flight == 3
         assert gw_holder["gw"].stats.max_in_flight == 3
         assert gw_holder["gw"].stats.calls == 12

@@ -100,7 +100,7 @@ def test_sigterm_leaves_whole_lines_and_resume_completes_the_grid(tmp_path, env)
         proc = subprocess.Popen(args, env=env, stderr=subprocess.PIPE)
         assert server.wait_arrived(13), "the run never reached the held call"
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=300)
         assert proc.returncode == 143 and b"terminated" in err
         data = out.read_bytes()
         assert data.endswith(b"\n")

@@ -91,7 +91,7 @@ def test_a_round_s_calls_go_out_together_under_simultaneous_one_at_a_time_under_
         assert server.wait_arrived(5)
         assert server.in_flight == 5
         server.release()
-        played.result(timeout=60)
+        played.result(timeout=300)
         assert server.max_in_flight == 5
     with OpenAIServer(latency=0.02) as server:
         record = play(server, n=5, rounds=2, schedule="sequential")
@@ -252,7 +252,7 @@ def test_run_bounds_concurrency_across_episodes_and_skips_done():
         assert server.wait_arrived(3)
         assert not server.wait_arrived(4, timeout=0.5)  # not a timing: nothing may come at all
         server.release()
-        stats = running.result(timeout=60)
+        stats = running.result(timeout=300)
         assert server.max_in_flight == 3
     assert stats.written == 6 and stats.skipped_done == 2 and stats.errors == 0
     assert {r["episode_id"] for r in out} == {c.episode_id for c in configs} - done

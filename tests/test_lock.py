@@ -149,7 +149,7 @@ def test_wait_lock_waits_for_the_holder_then_writes(tmp_path, holder):
     assert not out.exists()
     proc.kill()
     proc.wait()
-    _, rest = waiter.communicate(timeout=60)
+    _, rest = waiter.communicate(timeout=300)
     assert waiter.returncode == 0, rest
     assert len(lines(out)) == 4 and not lock_path(out).exists()
 
@@ -193,7 +193,7 @@ def test_identical_writers_some_killed_leave_every_episode_once(tmp_path):
                 killed.append(pid)
             assert len(lines(out)) == 3  # the killed writers' held episodes left no trace
             server.release()
-            codes = {w.pid: w.wait(timeout=120) for w in writers}
+            codes = {w.pid: w.wait(timeout=300) for w in writers}
         finally:
             for w in writers:
                 if w.poll() is None:
@@ -215,7 +215,7 @@ def test_identical_scripted_writers_started_at_once(tmp_path):
     args = [command_path("dphil-rollout"), "-m", "scripted:random", "-n", "5,10", "--episodes",
             "300", "-o", str(out), "--resume", "-q"]
     writers = [subprocess.Popen(args, stderr=subprocess.PIPE) for _ in range(4)]
-    results = [(w.wait(timeout=120), w.stderr.read()) for w in writers]
+    results = [(w.wait(timeout=300), w.stderr.read()) for w in writers]
     for code, err in results:  # each either wrote (or found nothing to do) or was refused
         assert code in (0, 75), err
         if code == 75:
