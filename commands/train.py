@@ -245,6 +245,13 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     help="Sequences per forward pass.",
 )
 @click.option(
+    "--train-micro-batch",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="peft: decisions per backward pass; bounds training memory, the gradient is the same.",
+)
+@click.option(
     "--tensorboard",
     is_flag=True,
     help="Also write each step's metrics as TensorBoard event files in RUN_DIR "

@@ -30,6 +30,8 @@ from ..errors import DataError, MissingExtraError, NoInputError, UsageError
 DECODE_MODES = ("constrained", "free")
 # What every constrained reply looks like: the text fallback of the API path.
 REPLY_FORMAT = "ACTION: {action}"
+# Logits materialised at once by `_head_logprobs` (bytes): 64 rows of Gemma's 262k vocabulary.
+HEAD_BYTES = 64 << 20
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -261,9 +263,8 @@ class LocalModel:
         """Per-token log-probabilities of each completion after its prompt.
 
         Returns ([B, C], mask [B, C]) right-aligned: completion b occupies the
-        last len(completion_b) columns. Sequences are left-padded so only the
-        last C+1 positions' logits are ever materialised (the vocabulary of a
-        real model is large).
+        last len(completion_b) columns. Only the completion tokens' positions
+        meet the vocabulary (see `_head_logprobs`); a real model's is large.
         """
         torch = self.torch
         rows, masks = [], []
@@ -295,22 +296,16 @@ class LocalModel:
                 mask[b, width_c - len(c) :] = 1.0
         ids, attn = ids.to(self.device), attn.to(self.device)
         position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-        logits = (
-            self.model(
-                input_ids=ids,
-                attention_mask=attn,
-                position_ids=position_ids,
-                logits_to_keep=width_c + 1,
-            )
-            .logits[:, :-1, :]
-            .float()
-        )
-        if temperature and temperature != 1.0:
-            logits = logits / temperature
+        hidden, _ = self._hidden(input_ids=ids, attention_mask=attn, position_ids=position_ids)
+        # Position t predicts token t+1: the completion's tokens are predicted by the C
+        # positions before them, and only those (unpadded) rows ever meet the vocabulary.
+        mask = mask.to(hidden.device)
+        sel = mask.bool()
         targets = ids[:, width - width_c :]
-        lp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        mask = mask.to(lp.device)
-        return lp * mask, mask
+        vals = self._head_logprobs(hidden[:, width - width_c - 1 : width - 1][sel], targets[sel].unsqueeze(-1),
+                                   temperature or 1.0).squeeze(-1)
+        lp = torch.zeros(mask.shape, dtype=vals.dtype, device=vals.device).masked_scatter(sel, vals)
+        return lp, mask
 
     def candidate_logprobs(
         self, prompts: Sequence[list[int]], cands: list[list[int]], *, temperature: float = 1.0
@@ -346,55 +341,91 @@ class LocalModel:
             ids[b, width - len(p) :] = torch.tensor(p)
             attn[b, width - len(p) :] = 1
         ids, attn = ids.to(self.device), attn.to(self.device)
-        out = self.model(
+        hidden, cache = self._hidden(
             input_ids=ids,
             attention_mask=attn,
             position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
             use_cache=True,
-            logits_to_keep=1,
         )
-        first = torch.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)  # [D, V]
-        cache = getattr(out, "past_key_values", None) or getattr(out, "cache", None)
-        cache.batch_repeat_interleave(k)
-        cw = max(len(c) for c in cands)
-        cid = torch.full((k, cw), pad, dtype=torch.long)
-        cmask = torch.zeros((k, cw), dtype=torch.long)
+        cid = torch.full((k, max(len(c) for c in cands)), pad, dtype=torch.long)
+        cmask = torch.zeros(cid.shape, dtype=torch.long)
         for j, c in enumerate(cands):
             cid[j, : len(c)] = torch.tensor(c)
             cmask[j, : len(c)] = 1
         cid, cmask = cid.to(self.device), cmask.to(self.device)
+        cw = cid.shape[1]
+        # The K first tokens, all from the prompt's last position: [D, K].
+        head = self._head_logprobs(hidden[:, -1], cid[:, 0].expand(d, k), temperature).reshape(-1)
+        cache.batch_repeat_interleave(k)
         lengths = attn.sum(-1)  # [D]
         cid_all = cid.repeat(d, 1)  # [D*K, cw], candidate-minor
         cmask_all = cmask.repeat(d, 1)
         full_attn = torch.cat([attn.repeat_interleave(k, dim=0), cmask_all], dim=1)
         pos = lengths.repeat_interleave(k).unsqueeze(-1) + torch.arange(cw, device=self.device)
-        logits = (
-            self.model(
-                input_ids=cid_all,
-                attention_mask=full_attn,
-                position_ids=pos,
-                use_cache=False,
-                **{self._cache_kwarg(): cache},
-            ).logits.float()
-            / temperature
+        rest_h, _ = self._hidden(
+            input_ids=cid_all,
+            attention_mask=full_attn,
+            position_ids=pos,
+            use_cache=False,
+            **{self._cache_kwarg(): cache},
         )
-        rest = (
-            torch.log_softmax(logits[:, :-1, :], dim=-1)
-            .gather(-1, cid_all[:, 1:].unsqueeze(-1))
-            .squeeze(-1)
-        )  # [D*K, cw-1]
-        head = first.repeat_interleave(k, dim=0).gather(-1, cid_all[:, :1]).squeeze(-1)  # [D*K]
-        total = head + (rest * cmask_all[:, 1:].to(rest.dtype)).sum(-1)
+        # Candidate tokens after the first, each predicted by the position before it.
+        sel = cmask_all[:, 1:].bool()
+        vals = self._head_logprobs(rest_h[:, :-1][sel], cid_all[:, 1:][sel].unsqueeze(-1), temperature)
+        rows = torch.arange(d * k, device=self.device).unsqueeze(-1).expand(-1, cw - 1)[sel]
+        total = head.index_add(0, rows, vals.squeeze(-1).to(head.dtype))
         return total.view(d, k)
+
+    # -- the model's head, kept away from the vocabulary where it can be -----------------------
+    def _parts(self) -> tuple[Any, Any, float | None]:
+        """(decoder, output embedding, final logit softcap) of the wrapped causal LM."""
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        return base.get_decoder(), base.get_output_embeddings(), getattr(base.config, "final_logit_softcapping", None)
+
+    def _hidden(self, **kwargs: Any) -> tuple[Any, Any]:
+        """The decoder's last hidden states (after its final norm) and its cache: no logits yet."""
+        out = self._parts()[0](**kwargs)
+        return out.last_hidden_state, getattr(out, "past_key_values", None)
+
+    def _head_logprobs(self, hidden: Any, targets: Any, temperature: float) -> Any:
+        """[R, J] log-probabilities of `targets` [R, J] at the positions `hidden` [R, H].
+
+        This is the model's own head (lm_head, softcap, temperature, log-softmax)
+        applied a few rows at a time, and under gradient each slice is
+        recomputed in the backward pass instead of being kept: memory grows
+        with the tokens scored, never with vocabulary x sequence length.
+        """
+        torch = self.torch
+        from torch.utils.checkpoint import checkpoint
+
+        _, lm_head, cap = self._parts()
+
+        def part(h: Any, t: Any) -> Any:
+            logits = lm_head(h).float()
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            if temperature != 1.0:
+                logits = logits / temperature
+            return logits.gather(-1, t) - torch.logsumexp(logits, dim=-1, keepdim=True)
+
+        rows = max(1, HEAD_BYTES // (4 * lm_head.weight.shape[0]))
+        grad = torch.is_grad_enabled() and hidden.requires_grad
+        out = [
+            checkpoint(part, hidden[i : i + rows], targets[i : i + rows], use_reentrant=False)
+            if grad
+            else part(hidden[i : i + rows], targets[i : i + rows])
+            for i in range(0, hidden.shape[0], rows)
+        ]
+        if not out:
+            return torch.zeros(targets.shape, device=hidden.device)
+        return torch.cat(out)
 
     def _cache_kwarg(self) -> str:
         """`cache` in recent transformers, `past_key_values` before it was renamed."""
         import inspect
 
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        return (
-            "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-        )
+        decoder = self._parts()[0]
+        return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
 
     def unit_logprobs(
         self, decisions: Sequence[Decision], *, temperature: float

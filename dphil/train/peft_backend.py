@@ -44,6 +44,9 @@ class PeftSettings:
     device: str = "auto"
     dtype: str = "auto"
     micro_batch: int = 16
+    # Decisions per backward pass: their activations are all kept until it runs, so this
+    # bounds training memory (a real model's prompt costs far more than a forward pass's).
+    train_micro_batch: int = 2
     init_seed: int = 0  # seeds the LoRA A matrices, drawn from torch's global generator
 
 
@@ -163,8 +166,9 @@ class PeftBackend:
             for x in samples
         )
         self.optimizer.zero_grad(set_to_none=True)
-        for start in range(0, len(samples), self.lm.micro_batch):
-            chunk = samples[start : start + self.lm.micro_batch]
+        step = max(1, s.train_micro_batch)
+        for start in range(0, len(samples), step):
+            chunk = samples[start : start + step]
             decisions = [x.decision for x in chunk]
             lp, mask = self.lm.unit_logprobs(decisions, temperature=temperature)
             old = torch.zeros_like(lp)
