@@ -9,7 +9,8 @@ under `/usr/bin/time -v` (wall time and peak resident memory of the process):
             model beside the scripted baselines on the same seeds, under both rewards.
   train     dphil-train --backend peft: one step of 1 group of 2 episodes at N=3
             (2 rounds), and one of a group of 4 at N=5 (2 rounds): seconds per step
-            and peak RSS.
+            and peak RSS. The published reward and seed 1, where the episodes' rewards
+            differ (zero_std_groups 0), so the step really runs a backward pass.
   pipeline  a few GRPO steps at N=3 with the shaped reward, a checkpoint every step,
             then dphil-rollout --checkpoints on held-out seeds | dphil-score --shaped |
             dphil-ckpt-select --by val.
@@ -58,8 +59,9 @@ def timed(args: list[str], *, stdin: bytes | None = None, threads: int | None = 
     if proc.returncode != 0:
         sys.exit(f"bench_real: {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr.decode()[-2000:]}")
     rss_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", report).group(1))
+    cpu = sum(float(x) for x in re.findall(r"(?:User|System) time \(seconds\): ([\d.]+)", report))
     return {"stdout": proc.stdout, "stderr": proc.stderr.decode(), "wall_s": round(wall, 1),
-            "peak_rss_gb": round(rss_kb / 1e6, 2)}
+            "cpu_s": round(cpu, 1), "peak_rss_gb": round(rss_kb / 1e6, 2)}
 
 
 def records(data: bytes) -> list[dict]:
@@ -80,6 +82,7 @@ def bench_hf(model: str, out: Path) -> list[dict]:
                          "parse_rate": round(legal / len(turns), 3), "null_share": round(1 - legal / len(turns), 3),
                          "turns_per_s": round(len(turns) / run["wall_s"], 2),
                          "s_per_episode": round(run["wall_s"] / len(eps), 1), "wall_s": run["wall_s"],
+                         "cpu_s": run["cpu_s"],
                          "peak_rss_gb": run["peak_rss_gb"],
                          "completion_tokens": sum(t.get("completion_tokens", 0) for t in turns),
                          "example_raw": next((t["raw"] for t in turns if t["action"] is None), turns[0]["raw"])[:120]})
@@ -102,11 +105,12 @@ def bench_hf(model: str, out: Path) -> list[dict]:
 
 def train_step(model: str, run_dir: Path, *, n: int, group_size: int, extra: list[str] = ()) -> dict:
     run = timed(["dphil-train", "-q", "--backend", "peft", "--base-model", model, "-n", str(n), "--rounds", "2",
-                 "--steps", "1", "--groups", "1", "--group-size", str(group_size), "--shaped",
-                 "--run-dir", str(run_dir), *extra])
+                 "--steps", "1", "--groups", "1", "--group-size", str(group_size), "--reward", "paper",
+                 "--seed", "1", "--run-dir", str(run_dir), *extra])
     (ckpt,) = records(run["stdout"])
     return {"n": n, "groups": 1, "group_size": group_size, "rounds": 2, "s_per_step": ckpt["seconds"],
-            "wall_s": run["wall_s"], "peak_rss_gb": run["peak_rss_gb"], "loss": ckpt.get("loss"), "extra": list(extra)}
+            "wall_s": run["wall_s"], "cpu_s": run["cpu_s"], "peak_rss_gb": run["peak_rss_gb"], "loss": ckpt.get("loss"),
+            "zero_std_groups": ckpt["zero_std_groups"], "extra": list(extra)}
 
 
 def bench_train(model: str, work: Path) -> list[dict]:
