@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from .atomic import is_special
 from .errors import EX_CANTCREAT, EX_TEMPFAIL, DphilError
 
 SUFFIX = ".lock"
@@ -130,11 +131,16 @@ def locked(targets: Iterable[str | os.PathLike | None], wait: float = 0.0,
            on_wait: Callable[[str, int], None] | None = None) -> Iterator[list[OutputLock]]:
     """Hold the locks of every named output (None and `-` mean stdout: nothing to lock).
 
+    A device or FIFO (`-o /dev/null`) is written in place and is not a journal, so it
+    takes no lock: `/dev/null.lock` would be a stray file in /dev (and exit 73 for a
+    user who cannot write there).
+
     Locks are taken in a fixed order (sorted by lock path), so two runs naming the
     same outputs cannot deadlock, each waiting up to `wait` seconds, and all are
     released on the way out.
     """
-    wanted = sorted({str(lock_path(t)): t for t in targets if t is not None and str(t) != "-"}.items())
+    wanted = sorted({str(lock_path(t)): t for t in targets
+                     if t is not None and str(t) != "-" and not is_special(t)}.items())
     held: list[OutputLock] = []
     try:
         for _, target in wanted:

@@ -223,3 +223,13 @@ def test_identical_scripted_writers_started_at_once(tmp_path):
     subprocess.run(args, check=True)
     ids = [r["episode_id"] for r in lines(out)]
     assert len(ids) == len(set(ids)) == 600
+
+
+def test_a_device_or_fifo_output_takes_no_lock(tmp_path):
+    fifo = tmp_path / "out.pipe"
+    os.mkfifo(fifo)
+    plain = tmp_path / "out.jsonl"
+    with locked([fifo, plain, "/dev/null"]) as held:
+        assert [lock.target for lock in held] == [str(plain)]
+        assert not lock_path(fifo).exists() and not lock_path("/dev/null").exists()
+        assert lock_path(plain).exists()
