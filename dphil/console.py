@@ -18,8 +18,13 @@ from typing import IO
 from .errors import EX_INTERRUPTED, EX_SOFTWARE, DphilError
 
 
-class Terminated(BaseException):
-    """Raised in the main thread when SIGTERM arrives, so cleanup code runs like for Ctrl-C."""
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread when SIGTERM arrives, so cleanup code runs like for Ctrl-C.
+
+    A KeyboardInterrupt so that asyncio lets it through: its event loop re-raises only
+    KeyboardInterrupt and SystemExit from a callback or task step and logs and swallows any
+    other BaseException, which let a SIGTERM landing mid-step leave a model run going.
+    """
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -69,12 +74,12 @@ def run(console: Console, body: Callable[[], int | None]) -> int:
         # `| head` closed the pipe: leave quietly, and keep Python from complaining at exit.
         _silence_stdout()
         return 0
+    except Terminated as t:  # before KeyboardInterrupt, which it is
+        console.error("terminated")
+        return 128 + t.signum
     except KeyboardInterrupt:
         console.error("interrupted")
         return EX_INTERRUPTED
-    except Terminated as t:
-        console.error("terminated")
-        return 128 + t.signum
     except MemoryError:
         console.error("out of memory")
         return EX_SOFTWARE
