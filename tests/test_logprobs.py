@@ -3,8 +3,12 @@
 `LocalModel` never materialises logits over the vocabulary for whole prompts:
 it stops at the decoder's hidden states and runs the head only on the
 completion tokens' positions, a slice at a time, recomputed in the backward
-pass. These tests hold it to the straightforward way on the tiny model, values
-and gradients alike, with and without a LoRA adapter.
+pass; constrained candidates are packed after their prompt in one row under
+masks of dphil's own (`dphil.train.packing`). These tests hold both to the
+straightforward way, values and gradients alike, on the tiny Qwen3 and on a
+tiny Gemma 3 whose sliding window (8 tokens) is shorter than every prompt, so
+the masks must reproduce the model's own windowed attention; and again with
+gradient checkpointing on, as training runs it.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from dphil.train import hf_policy  # noqa: E402
 from dphil.train.hf_policy import LORA_TARGETS, LocalModel  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def lm(tmp_path_factory):
+@pytest.fixture(scope="module", params=["qwen3", "gemma3"])
+def lm(request, tmp_path_factory):
     from tests.tinymodel import build_tiny_model
 
-    model = LocalModel(str(build_tiny_model(tmp_path_factory.mktemp("lp") / "m")), device="cpu", micro_batch=4)
+    path = build_tiny_model(tmp_path_factory.mktemp("lp") / "m", architecture=request.param, layers=3)
+    model = LocalModel(str(path), device="cpu", micro_batch=4)
     torch.manual_seed(1)
     model.model = peft.get_peft_model(model.model, peft.LoraConfig(
         r=4, lora_alpha=8, target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM", init_lora_weights=False))
@@ -42,8 +47,22 @@ def plain_sequence_logprob(lm, prompt, completion, temperature=1.0):
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion).unsqueeze(-1)).squeeze(-1)
 
 
+@pytest.fixture(params=[False, True], ids=["plain", "checkpointed"])
+def checkpointing(request, lm):
+    """Training mode with transformers' gradient checkpointing, as `dphil-train` runs it (or not)."""
+    if request.param:
+        lm.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        lm.model.train()
+    yield request.param
+    if request.param:
+        lm.model.gradient_checkpointing_disable()
+        lm.model.eval()
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_candidate_logprobs_equal_the_plain_computation_with_gradients(lm, temperature):
+def test_candidate_logprobs_equal_the_plain_computation_with_gradients(lm, temperature, checkpointing):
+    if lm.model.config.model_type.startswith("gemma3"):
+        assert all(len(p) > lm.model.config.sliding_window for p in prompts_of(lm))
     prompts = prompts_of(lm)
     cands = lm.candidate_ids(("eat", "think", "pick-up-left", "put-down-right"))
     params = [p for p in lm.model.parameters() if p.requires_grad]
@@ -57,7 +76,7 @@ def test_candidate_logprobs_equal_the_plain_computation_with_gradients(lm, tempe
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
-def test_token_logprobs_equal_the_plain_computation_with_gradients(lm, monkeypatch):
+def test_token_logprobs_equal_the_plain_computation_with_gradients(lm, monkeypatch, checkpointing):
     # A head slice of 3 rows, so the slicing and its recomputation are exercised on the tiny model too.
     monkeypatch.setattr(hf_policy, "HEAD_BYTES", 3 * 4 * lm.tokenizer.vocab_size)
     prompts = prompts_of(lm)

@@ -1,4 +1,4 @@
-"""A tiny randomly initialised Qwen3 model and its tokenizer, built offline for tests.
+"""A tiny randomly initialised Qwen3 (or Gemma 3) model and its tokenizer, built offline for tests.
 
 Tests never download weights. This builds, in a directory, what
 `from_pretrained` expects of a Qwen3 checkpoint: a byte-level BPE tokenizer
@@ -67,14 +67,26 @@ def build_tiny_model(
     layers: int = 2,
     vocab_size: int = 1024,
     seed: int = 0,
+    architecture: str = "qwen3",
+    sliding_window: int = 8,
 ) -> Path:
     """Write a tiny Qwen3 model + tokenizer to `path` (created) and return `path`.
 
-    Deterministic for a given seed. Takes well under a second on a CPU.
+    `architecture="gemma3"` builds Gemma 3's text model instead (the real
+    weights' family): sliding-window layers with a window of `sliding_window`
+    tokens beside full-attention ones, one key/value head, a final-logit
+    softcap; so code that builds its own attention masks meets what the real
+    model does. Deterministic for a given seed. Takes well under a second on a CPU.
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        PreTrainedTokenizerFast,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -102,13 +114,12 @@ def build_tiny_model(
     fast.save_pretrained(path)
 
     torch.manual_seed(seed)
-    config = Qwen3Config(
+    common = dict(
         vocab_size=len(fast),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
         num_hidden_layers=layers,
         num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=hidden_size // 4,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
@@ -116,7 +127,18 @@ def build_tiny_model(
         pad_token_id=fast.convert_tokens_to_ids(EOT),
         bos_token_id=None,
     )
-    model = Qwen3ForCausalLM(config)
+    if architecture == "gemma3":
+        config = Gemma3TextConfig(
+            **common, num_key_value_heads=1, sliding_window=sliding_window,
+            layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+            final_logit_softcapping=30.0,
+        )
+        model = Gemma3ForCausalLM(config)
+    elif architecture == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**common, num_key_value_heads=2))
+    else:
+        raise ValueError(f"unknown tiny architecture {architecture!r} (qwen3 or gemma3)")
+    config = model.config
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id
     model.save_pretrained(path)

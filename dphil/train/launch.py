@@ -174,6 +174,7 @@ def make_backend_factory(cfg: TrainConfig, opts: dict[str, Any]):
             dtype=opts["dtype"],
             micro_batch=opts["micro_batch"],
             train_micro_batch=opts.get("train_micro_batch") or 2,
+            gradient_checkpointing=opts.get("gradient_checkpointing", True),
             init_seed=derive_seed("lora-init", cfg.seed),
         )
         return lambda resume_from: PeftBackend(settings, resume_from=resume_from)

@@ -47,6 +47,9 @@ class PeftSettings:
     # Decisions per backward pass: their activations are all kept until it runs, so this
     # bounds training memory (a real model's prompt costs far more than a forward pass's).
     train_micro_batch: int = 2
+    # Recompute each decoder layer's activations in the backward pass instead of keeping them:
+    # about a third more compute for a fraction of the memory (the same gradient).
+    gradient_checkpointing: bool = True
     init_seed: int = 0  # seeds the LoRA A matrices, drawn from torch's global generator
 
 
@@ -94,6 +97,9 @@ class PeftBackend:
             # same command start from different adapters.
             torch.manual_seed(settings.init_seed)
             self.lm.model = peft.get_peft_model(self.lm.model, config)
+        if settings.gradient_checkpointing:
+            # Non-reentrant: the LoRA weights get their gradients without inputs that require them.
+            self.lm.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         params = [p for p in self.lm.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=0.0)
         if resume_from is not None and (Path(resume_from) / OPTIMIZER_FILE).is_file():
