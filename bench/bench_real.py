@@ -8,10 +8,12 @@ under `/usr/bin/time -v` (wall time and peak resident memory of the process):
             turns/s, seconds per episode, peak RSS; then a dphil-stats table of the
             model beside the scripted baselines on the same seeds, under both rewards.
   train     dphil-train --backend peft: one step of 1 group of 2 episodes at N=3
-            (2 rounds), and one of a group of 4 at N=5 (2 rounds): seconds per step
-            and peak RSS. The published reward and seed 1, where the episodes' rewards
-            differ (zero_std_groups 0), so the step really runs a backward pass.
-  pipeline  a few GRPO steps at N=3 with the shaped reward, a checkpoint every step,
+            (2 rounds), the same with --no-gradient-checkpointing, and one of a group
+            of 4 at N=5 (2 rounds): seconds per step and peak RSS. The published reward
+            and seed 1, where the episodes' rewards differ (zero_std_groups 0), so the
+            step really runs a backward pass.
+  pipeline  a few GRPO steps at N=3 (3 rounds, so a meal is possible) with the shaped
+            reward, 1 group of 2 episodes, a checkpoint every step,
             then dphil-rollout --checkpoints on held-out seeds | dphil-score --shaped |
             dphil-ckpt-select --by val.
 
@@ -115,21 +117,21 @@ def train_step(model: str, run_dir: Path, *, n: int, group_size: int, extra: lis
 
 def bench_train(model: str, work: Path) -> list[dict]:
     rows = []
-    for n, size in ((3, 2), (5, 4)):
-        rows.append(train_step(model, work / f"train-{n}-{size}", n=n, group_size=size))
+    for n, size, extra in ((3, 2, []), (3, 2, ["--no-gradient-checkpointing"]), (5, 4, [])):
+        rows.append(train_step(model, work / f"train-{n}-{size}-{len(extra)}", n=n, group_size=size, extra=extra))
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
 def bench_pipeline(model: str, work: Path, steps: int = 3) -> dict:
     run_dir = work / "pipeline"
-    train = timed(["dphil-train", "-q", "--backend", "peft", "--base-model", model, "-n", "3", "--rounds", "2",
+    train = timed(["dphil-train", "-q", "--backend", "peft", "--base-model", model, "-n", "3", "--rounds", "3",
                    "--steps", str(steps), "--groups", "1", "--group-size", "2", "--shaped", "--lr", "1e-4",
                    "--run-dir", str(run_dir)])
     ckpts = run_dir / "ckpts.jsonl"
     ckpts.write_bytes(train["stdout"])
     val = timed(["dphil-rollout", "-q", "--checkpoints", str(ckpts), "--seeds", "1000-1001", "-n", "3",
-                 "--rounds", "2"])
+                 "--rounds", "3"])
     scored = timed(["dphil-score", "-q", "--shaped"], stdin=val["stdout"])
     best = timed(["dphil-ckpt-select", "-q", "--by", "val", str(ckpts), "-"], stdin=scored["stdout"])
     chosen = records(best["stdout"])[0]
@@ -140,6 +142,7 @@ def bench_pipeline(model: str, work: Path, steps: int = 3) -> dict:
         "train_wall_s": train["wall_s"], "train_peak_rss_gb": train["peak_rss_gb"],
         "s_per_step": [c["seconds"] for c in records(train["stdout"])],
         "train_reward": [c["train_reward"] for c in records(train["stdout"])],
+        "zero_std_groups": [c["zero_std_groups"] for c in records(train["stdout"])],
         "val_wall_s": val["wall_s"], "val_episodes": sum(len(v) for v in by_step.values()),
         "val_reward_by_step": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_step.items())},
         "chosen_step": chosen["step"], "selection": chosen["selection"],
