@@ -34,6 +34,26 @@ def cli():
     return run
 
 
+# A short system prompt keeps every forward pass small on a CPU (the train tests' `prompt_file`).
+PROMPT = "Philosopher $seat of $n. Forks $left_fork and $right_fork.\n$answer\n"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """A tiny Qwen3 model directory (tests.tinymodel), built once per test module."""
+    from tests.tinymodel import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory) -> Path:
+    """The short system prompt `PROMPT` in a file, once per test module."""
+    p = tmp_path_factory.mktemp("prompt") / "short.txt"
+    p.write_text(PROMPT)
+    return p
+
+
 def need_system_part(available: bool, what: str) -> None:
     """Skip a test whose system part (Slurm, Chromium, a real model) is missing, or fail under CI.
 

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from dphil.commands.train import main
 
-from tests.test_train_cli import base_args, invoke, prompt_file, read_jsonl, tiny  # noqa: F401
+from tests.test_train_cli import base_args, invoke
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")
@@ -33,7 +33,7 @@ def test_bad_advantage_options_exit_64_before_loading_a_model(tmp_path, extra, m
     assert match in result.stderr
 
 
-def test_step_mode_is_recorded_in_every_checkpoint_and_the_run_settings(tiny, prompt_file, tmp_path):  # noqa: F811
+def test_step_mode_is_recorded_in_every_checkpoint_and_the_run_settings(tiny, prompt_file, tmp_path):
     run_dir = tmp_path / "run"
     args = base_args(tiny, prompt_file, run_dir, "--steps", "2", "--rounds", "3",
                      "--advantage", "step", "--advantage-gamma", "0.9", "--advantage-weight", "0.5")
@@ -58,7 +58,7 @@ def test_step_mode_is_recorded_in_every_checkpoint_and_the_run_settings(tiny, pr
     assert bad.exit_code == 64 and recs == [] and "advantage" in bad.stderr
 
 
-def test_philosopher_mode_and_the_default(tiny, prompt_file, tmp_path):  # noqa: F811
+def test_philosopher_mode_and_the_default(tiny, prompt_file, tmp_path):
     result, records = invoke(base_args(tiny, prompt_file, tmp_path / "p", "--steps", "1",
                                        "--advantage", "philosopher"))
     assert result.exit_code == 0, result.stderr
@@ -70,7 +70,7 @@ def test_philosopher_mode_and_the_default(tiny, prompt_file, tmp_path):  # noqa:
     assert records[0]["advantage_tied_groups"] == records[0]["zero_std_groups"]
 
 
-def test_a_run_from_before_advantages_resumes_as_episode(tiny, prompt_file, tmp_path):  # noqa: F811
+def test_a_run_from_before_advantages_resumes_as_episode(tiny, prompt_file, tmp_path):
     run_dir = tmp_path / "old"
     ok, _ = invoke(base_args(tiny, prompt_file, run_dir, "--steps", "1"))
     assert ok.exit_code == 0
@@ -84,7 +84,7 @@ def test_a_run_from_before_advantages_resumes_as_episode(tiny, prompt_file, tmp_
     assert bad.exit_code == 64
 
 
-def test_peft_trains_on_each_turn_with_its_own_advantage(tiny, prompt_file, tmp_path):  # noqa: F811
+def test_peft_trains_on_each_turn_with_its_own_advantage(tiny, prompt_file, tmp_path):
     """Only turns with a non-zero advantage are trained: per-turn advantages reach the backend."""
     from dphil.agents.prompts import get_prompt
     from dphil.records import EpisodeConfig

@@ -22,8 +22,6 @@ from tests.conftest import run
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-# A short system prompt keeps every forward pass small on a CPU.
-PROMPT = "Philosopher $seat of $n. Forks $left_fork and $right_fork.\n$answer\n"
 CHECKPOINT_FIELDS = (
     "run",
     "step",
@@ -39,20 +37,6 @@ CHECKPOINT_FIELDS = (
     "train_meals_mean",
     "zero_std_groups",
 )
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    from tests.tinymodel import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory) -> Path:
-    p = tmp_path_factory.mktemp("prompt") / "short.txt"
-    p.write_text(PROMPT)
-    return p
 
 
 def base_args(tiny: Path, prompt_file: Path, run_dir: Path, *extra: str) -> list[str]:

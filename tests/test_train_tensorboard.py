@@ -14,25 +14,11 @@ from pathlib import Path
 import pytest
 
 from dphil.train.tensorboard_log import SCALARS, scalars
-from tests.test_train_cli import PROMPT, base_args, invoke, read_jsonl
+from tests.test_train_cli import base_args, invoke, read_jsonl
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 pytest.importorskip("tensorboard")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    from tests.tinymodel import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory) -> Path:
-    p = tmp_path_factory.mktemp("prompt") / "short.txt"
-    p.write_text(PROMPT)
-    return p
 
 
 def read_events(directory: Path) -> dict[str, dict[int, float]]:
