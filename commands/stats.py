@@ -82,7 +82,7 @@ def main(inputs, by_text, compares, adjust, power, effect, fmt, timelines, no_ce
         if timelines is not None and fmt != "html":
             raise UsageError("--timelines goes with --format html")
         sample = None
-        if fmt == "html":
+        if fmt == "html" and not no_cells:  # the timelines are per cell: none without cells
             from dphil.html_report import DEFAULT_TIMELINES, EpisodeSample
 
             sample = EpisodeSample(by, DEFAULT_TIMELINES if timelines is None else timelines)
@@ -109,7 +109,7 @@ def main(inputs, by_text, compares, adjust, power, effect, fmt, timelines, no_ce
                 from dphil.html_report import render_page
 
                 page = render_page(cell_list, comps, by, sources=list(inputs), sample=sample,
-                                   compared=bool(wanted))
+                                   compared=bool(wanted), no_cells=no_cells)
                 writer.write_line(page.encode())
             else:
                 text = report.render(fmt, shown, comps, by)

@@ -4,7 +4,9 @@ The page holds the cell table with its intervals and the comparison tests
 (the same rows as `--format markdown`, from `dphil.report`), the reward and
 deadlock-rate plot by N (inline SVG, when matplotlib is installed), and the
 timelines of a few episodes of every cell (`dphil.timeline`), linked from the
-table. Everything is inline: no script or style is fetched.
+table. Everything is inline: no script or style is fetched. With `--no-cells`
+the page keeps only the comparisons, as the other formats do: no cell table,
+plot or timelines.
 
 dphil-stats reads a million episodes as a polars frame of a few fields; the
 page must not undo that by keeping whole episodes. `EpisodeSample` sees each
@@ -187,28 +189,44 @@ def render_page(
     sources: Sequence[str],
     sample: EpisodeSample | None,
     compared: bool,
+    no_cells: bool = False,
 ) -> str:
-    """The whole report page as text."""
-    labels = [_cell_label(c, by) for c in cells]
+    """The whole report page as text.
+
+    `no_cells` (`--no-cells`): only the comparisons, as in the other formats; the
+    header still counts the cells and episodes, but the page has no cell table,
+    plot or timelines (and `sample` is not used).
+    """
     parts = [
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>dphil-stats: {escape(_source_text(sources))}</title>"
         f"<style>{STYLE}</style></head><body>\n",
         _header(cells, by, sources),
-        '<nav><a href="#results">Results</a><a href="#comparisons">Comparisons</a>'
-        '<a href="#plots">Plots</a><a href="#timelines">Episode timelines</a></nav>\n',
-        '<h2 id="results">Results</h2>\n',
-        _cell_table(cells, by, sample),
-        '<h2 id="comparisons">Comparisons</h2>\n',
-        _comparisons(comps, by, compared),
-        '<h2 id="plots">Plots</h2>\n',
-        _plots(cells, by),
-        '<h2 id="timelines">Episode timelines</h2>\n',
-        _timelines(cells, labels, sample),
-        f'<p class="meta">Made by dphil {escape(__version__)} '
-        "(<code>dphil-stats --format html</code>).</p>\n</body></html>\n",
     ]
+    if no_cells:
+        parts += [
+            '<p class="note">Only the comparisons (<code>--no-cells</code>): no cell table, '
+            "plots or episode timelines.</p>\n",
+            '<h2 id="comparisons">Comparisons</h2>\n',
+            _comparisons(comps, by, compared),
+        ]
+    else:
+        labels = [_cell_label(c, by) for c in cells]
+        parts += [
+            '<nav><a href="#results">Results</a><a href="#comparisons">Comparisons</a>'
+            '<a href="#plots">Plots</a><a href="#timelines">Episode timelines</a></nav>\n',
+            '<h2 id="results">Results</h2>\n',
+            _cell_table(cells, by, sample),
+            '<h2 id="comparisons">Comparisons</h2>\n',
+            _comparisons(comps, by, compared),
+            '<h2 id="plots">Plots</h2>\n',
+            _plots(cells, by),
+            '<h2 id="timelines">Episode timelines</h2>\n',
+            _timelines(cells, labels, sample),
+        ]
+    parts.append(f'<p class="meta">Made by dphil {escape(__version__)} '
+                 "(<code>dphil-stats --format html</code>).</p>\n</body></html>\n")
     return "".join(parts)
 
 

@@ -173,6 +173,33 @@ def test_no_timelines_and_no_comparisons(made):
     assert all(h[1:] in page.ids for h in page.links if h.startswith("#"))
 
 
+def test_no_cells_leaves_only_the_comparisons(made):
+    """`--no-cells` writes only the comparisons in html too: no cell table, plot or timelines."""
+    p = run(["dphil-stats", str(made["ep"]), *COMPARE, "--format", "html", "--no-cells", "-q"])
+    assert p.returncode == 0, p.stderr
+    text = p.stdout.decode()
+    page = Page(text)
+    cell_header, cell_rows = report.cell_rows(made["cells"], ["model", "n"])
+    comp_header, comp_rows = report.comparison_rows(made["comps"], ["model", "n"])
+    # The comparisons are the same as on the full page ...
+    assert comp_header in page.rows and all(r in page.rows for r in comp_rows)
+    # ... and nothing per cell is left: not its table, its plot or its timelines.
+    assert [*cell_header, "timelines"] not in page.rows
+    assert not any(row in page.rows or [*row, "2 shown"] in page.rows for row in cell_rows)
+    assert "comparisons" in page.ids
+    assert not {"results", "plots", "timelines"} & set(page.ids)
+    assert not any(i.startswith("cell-") for i in page.ids)
+    assert "episode" not in page.classes and "dphil-timeline" not in page.classes
+    assert "<svg" not in text and "Mean reward (95% CI)" not in text
+    assert "--no-cells" in text
+    assert all(h[1:] in page.ids for h in page.links if h.startswith("#"))
+    # Without the flag the same run's page has all of them (the module's page).
+    full = Page(made["text"])
+    assert [*cell_header, "timelines"] in full.rows
+    assert {"results", "plots", "timelines"} <= set(full.ids)
+    assert full.classes["episode"] == 2 * len(cell_rows)
+
+
 def test_timelines_only_go_with_html(made):
     p = run(["dphil-stats", str(made["ep"]), "--timelines", "2"])
     assert p.returncode == 64 and b"--timelines goes with --format html" in p.stderr
