@@ -42,20 +42,19 @@ def main(gguf, gguf_only, cache, quiet):
 
     def body(console):
         base = Path(cache) if cache is not None else weights.cache_dir()
+        # Each GGUF is hashed once a run: verify/assemble check it, convert trusts their answer.
         if gguf is not None:
             path = weights.verify(gguf)
         else:
-            path = base / weights.GGUF_NAME
-            if not weights.is_valid(path):
-                console.warn(f"assembling {path}")
-            path = weights.assemble(path)
+            path = weights.assemble(base / weights.GGUF_NAME,
+                                    on_build=lambda p: console.warn(f"assembling {p}"))
         if gguf_only:
             click.echo(str(path))
             return 0
         target = base / weights.HF_NAME
         if not weights.converted(target):
             console.warn(f"converting {path.name} into {target} (once; about two minutes on a CPU)")
-        click.echo(str(weights.convert(path, target)))
+        click.echo(str(weights.convert(path, target, verified=True)))
         return 0
 
     return execute("dphil-weights", quiet, body)

@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib.resources import files
 from importlib.util import find_spec
 from pathlib import Path
@@ -103,10 +103,13 @@ def _locked(target: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def assemble(dest: str | os.PathLike | None = None, parts: Sequence[Path] | None = None) -> Path:
+def assemble(dest: str | os.PathLike | None = None, parts: Sequence[Path] | None = None, *,
+             on_build: Callable[[Path], None] | None = None) -> Path:
     """The verified GGUF at `dest` (default: the cache), built from the chunks when not already there.
 
-    The chunks are concatenated into a temporary file beside `dest`, hashed on
+    A file already at `dest` is verified (hashed once); when it is missing or
+    does not match, `on_build(dest)` is called (dphil-weights says "assembling")
+    and the chunks are concatenated into a temporary file beside `dest`, hashed on
     the way, and renamed into place only when size and sha256 match; otherwise
     the temporary file is removed and DataError (65) names the chunks.
     """
@@ -114,6 +117,8 @@ def assemble(dest: str | os.PathLike | None = None, parts: Sequence[Path] | None
     with _locked(target):
         if is_valid(target):
             return target
+        if on_build is not None:
+            on_build(target)
         sources = list(parts) if parts is not None else chunk_paths()
         for p in sources:
             if not p.is_file():
@@ -150,15 +155,18 @@ def converted(dest: Path) -> bool:
         return False
 
 
-def convert(gguf: str | os.PathLike, dest: str | os.PathLike | None = None) -> Path:
+def convert(gguf: str | os.PathLike, dest: str | os.PathLike | None = None, *,
+            verified: bool = False) -> Path:
     """A plain transformers directory made from the verified GGUF (once; later calls return it).
 
+    `gguf` is verified first, unless `verified` says the caller has just done so
+    (it is the path `verify` or `assemble` returned): hashing it takes about a second.
     transformers dequantises the GGUF weights to float32 on load; the GGUF
     quantizer it attaches refuses `save_pretrained`, so it is cleared first. The
     tokenizer gets Gemma's chat template (data in `agents/chat_templates.toml`).
     """
     target = Path(dest) if dest is not None else cache_dir() / HF_NAME
-    gguf_path = verify(gguf)
+    gguf_path = Path(gguf) if verified else verify(gguf)
     with _locked(target):
         if converted(target):
             return target
@@ -208,4 +216,4 @@ def real_model(cache: str | os.PathLike | None = None) -> tuple[Path, Path]:
     """(GGUF path, transformers directory) of the packaged model, built into the cache if needed."""
     base = Path(cache) if cache is not None else cache_dir()
     gguf = assemble(base / GGUF_NAME)
-    return gguf, convert(gguf, base / HF_NAME)
+    return gguf, convert(gguf, base / HF_NAME, verified=True)

@@ -66,6 +66,74 @@ def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
     assert weights.cache_dir() == tmp_path / "x" / "dphil"
 
 
+@pytest.fixture
+def small_model(tmp_path, monkeypatch):
+    """A 3 kB stand-in for the packaged GGUF (its chunks, size and sha256), a fake conversion,
+    and a count of the files `sha256_of` hashes: the command's own logic, in a few ms."""
+    import hashlib
+
+    parts = []
+    for i in range(3):
+        part = tmp_path / "chunks" / f"part{i:02d}"
+        part.parent.mkdir(exist_ok=True)
+        part.write_bytes(os.urandom(1000))
+        parts.append(part)
+    whole = b"".join(p.read_bytes() for p in parts)
+    monkeypatch.setattr(weights, "GGUF_SIZE", len(whole))
+    monkeypatch.setattr(weights, "GGUF_SHA256", hashlib.sha256(whole).hexdigest())
+    monkeypatch.setattr(weights, "chunk_paths", lambda: parts)
+
+    def fake_convert(gguf, out):
+        (out / weights.MARKER).write_text(json.dumps({"gguf_sha256": weights.GGUF_SHA256}))
+
+    monkeypatch.setattr(weights, "_convert_into", fake_convert)
+    hashed = []
+    real_sha256_of = weights.sha256_of
+
+    def counting(path):
+        hashed.append(path)
+        return real_sha256_of(path)
+
+    monkeypatch.setattr(weights, "sha256_of", counting)
+    return {"whole": whole, "hashed": hashed, "cache": tmp_path / "cache"}
+
+
+def test_one_run_hashes_the_gguf_once_and_still_rebuilds_a_corrupt_copy(small_model):
+    from click.testing import CliRunner
+    from dphil.commands.weights import main
+
+    cache, hashed = small_model["cache"], small_model["hashed"]
+    gguf = cache / weights.GGUF_NAME
+
+    def dphil_weights(*args):
+        hashed.clear()
+        result = CliRunner().invoke(main, ["--cache", str(cache), *args])
+        assert result.exit_code == 0, result.output
+        return result
+
+    first = dphil_weights()  # assembled (hashed on the way in) and converted: no file hashed
+    assert hashed == [] and "assembling" in first.output and "converting" in first.output
+    assert gguf.read_bytes() == small_model["whole"] and weights.converted(cache / weights.HF_NAME)
+    again = dphil_weights()  # only verifies
+    assert hashed == [gguf] and "assembling" not in again.output and "converting" not in again.output
+    dphil_weights("--gguf-only")
+    assert hashed == [gguf]
+    dphil_weights("--gguf", str(gguf))
+    assert hashed == [gguf]
+    # A cached copy of the right size with one byte altered is still caught, and rebuilt.
+    data = bytearray(small_model["whole"])
+    data[1500] ^= 0xFF
+    gguf.write_bytes(bytes(data))
+    rebuilt = dphil_weights("--gguf-only")
+    assert hashed == [gguf] and "assembling" in rebuilt.output
+    assert gguf.read_bytes() == small_model["whole"]
+    # ... and a corrupt copy given with --gguf is refused, converted cache or not.
+    bad = cache.parent / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    refused = CliRunner().invoke(main, ["--cache", str(cache), "--gguf", str(bad)])
+    assert refused.exit_code == 65 and "sha256 mismatch" in refused.output
+
+
 @pytest.mark.real_model
 def test_real_model_is_verified_and_converted(real_model):
     gguf, hf = real_model
