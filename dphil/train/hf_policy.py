@@ -352,8 +352,9 @@ class LocalModel:
     ):
         torch = self.torch
         d, k = len(prompts), len(cands)
-        batch = pack(torch, prompts, cands, pad=self.tokenizer.pad_token_id, config=self._parts()[0].config,
-                     dtype=self._parts()[1].weight.dtype, device=self.device)
+        decoder, lm_head, _ = self._parts()
+        batch = pack(torch, prompts, cands, pad=self.tokenizer.pad_token_id, config=decoder.config,
+                     dtype=lm_head.weight.dtype, device=self.device)
         hidden, _ = self._hidden(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                  position_ids=batch.position_ids, use_cache=False)
         # Every candidate's first token is predicted by the prompt's last position: [D, K].
