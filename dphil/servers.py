@@ -6,10 +6,18 @@ serve`) on a free loopback port. `LocalServer` starts one in its own process
 group, waits until `/v1/models` lists the model (failing with the log's tail
 if the process dies first), and always stops it again, by its pid, never by
 name. Nothing here imports litellm, torch or the servers themselves.
+
+A server in its own group does not get the signals its parent gets, and
+Python's default SIGTERM ends a process without running `finally` blocks, so a
+bench stopped with `kill` (or a Slurm job at its time limit) used to leave its
+server running. While a server is up, a SIGTERM to the process that started it
+raises SystemExit instead (only over the default handler, only from the main
+thread), and servers still up at exit are stopped.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -17,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -53,6 +62,7 @@ class LocalServer:
     name: str = "server"
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    grace: float = 15.0  # seconds between SIGTERM and SIGKILL when stopping
 
     @property
     def url(self) -> str:
@@ -68,6 +78,7 @@ class LocalServer:
                 self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env}, start_new_session=True,
             )
+        _track(self)
         try:
             self._await(timeout)
         except BaseException:  # a failed start, or Ctrl-C while waiting: never leave it running
@@ -102,11 +113,11 @@ class LocalServer:
         text = self.log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
         return " | ".join(text[-lines:]) or "(empty log)"
 
-    def stop(self, grace: float = 15.0) -> None:
+    def stop(self, grace: float | None = None) -> None:
         """SIGTERM to the server's own process group (its pid), SIGKILL after `grace` seconds."""
         p = self.process
         if p is not None and p.poll() is None:
-            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+            for sig, wait in ((signal.SIGTERM, self.grace if grace is None else grace), (signal.SIGKILL, 10.0)):
                 try:
                     os.killpg(p.pid, sig)  # the group this server leads: it and its children only
                 except ProcessLookupError:
@@ -119,12 +130,42 @@ class LocalServer:
         if self.log_path is not None:
             self.log_path.unlink(missing_ok=True)
             self.log_path = None
+        _untrack(self)
 
     def __enter__(self) -> LocalServer:
         return self.start() if self.process is None else self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+_live: list[LocalServer] = []  # servers started and not yet stopped, in this process
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through `with` and `finally`, which stop the servers
+
+
+def _track(server: LocalServer) -> None:
+    if (not _live and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if not any(s is server for s in _live):
+        _live.append(server)
+
+
+def _untrack(server: LocalServer) -> None:
+    _live[:] = [s for s in _live if s is not server]
+    if (not _live and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is _exit_on_sigterm):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@atexit.register
+def _stop_live() -> None:
+    """Servers started without `with` or `stop()` are not left behind when Python exits."""
+    for server in list(_live):
+        server.stop()
 
 
 def llamacpp_server(gguf: str | os.PathLike, *, port: int | None = None, parallel: int = 1,

@@ -9,6 +9,7 @@ and dphil-score's replay agrees with the recorded outcomes.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -269,3 +270,59 @@ def test_a_server_that_dies_before_answering_is_reported_with_its_log():
                                           r"no model here"):
         s.start(timeout=60)
     assert s.process.poll() == 3 and s.log_path is None  # stopped, its log removed
+
+
+STUBBORN_SERVER = """
+import json, signal, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # like a server busy finishing a request: only SIGKILL stops it
+class Models(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": "m"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Models).serve_forever()
+"""
+
+HOLDER = """
+import sys, time
+from dphil.servers import LocalServer, free_port
+port = free_port()
+server = LocalServer([sys.executable, "-c", sys.argv[1], str(port)], "m", port, name="stubborn", grace=1.0)
+if sys.argv[2] == "with":
+    with server:
+        print(server.process.pid, flush=True)
+        time.sleep(600)
+else:  # started and never stopped by the caller
+    server.start(timeout=60)
+    print(server.process.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["with", "bare"])
+def test_sigterm_to_the_process_holding_a_server_stops_the_server_even_one_that_ignores_sigterm(how):
+    import signal
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, STUBBORN_SERVER, how], stdout=subprocess.PIPE)
+    pid = None
+    try:
+        pid = int(holder.stdout.readline())
+        os.kill(pid, 0)  # the server is up, in its own process group
+        assert os.getpgid(pid) == pid != os.getpgid(holder.pid)
+        holder.send_signal(signal.SIGTERM)
+        assert holder.wait(timeout=60) == 128 + signal.SIGTERM
+        with pytest.raises(ProcessLookupError):  # stopped (SIGKILL after the grace) and reaped by the holder
+            os.kill(pid, 0)
+    finally:
+        holder.kill()
+        holder.wait()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
