@@ -81,6 +81,8 @@ def main(inputs, by_text, compares, adjust, power, effect, fmt, timelines, no_ce
             report.check_plot(plot)
         if timelines is not None and fmt != "html":
             raise UsageError("--timelines goes with --format html")
+        if timelines is not None and no_cells:
+            raise UsageError("--timelines shows episodes per cell: not with --no-cells")
         sample = None
         if fmt == "html" and not no_cells:  # the timelines are per cell: none without cells
             from dphil.html_report import DEFAULT_TIMELINES, EpisodeSample

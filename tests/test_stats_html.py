@@ -205,6 +205,11 @@ def test_timelines_only_go_with_html(made):
     assert p.returncode == 64 and b"--timelines goes with --format html" in p.stderr
 
 
+def test_timelines_are_a_usage_error_without_cells(made):
+    p = run(["dphil-stats", str(made["ep"]), "--format", "html", "--no-cells", "--timelines", "2"])
+    assert p.returncode == 64 and b"not with --no-cells" in p.stderr and p.stdout == b""
+
+
 def test_the_sample_keeps_k_per_cell_of_a_large_input(tmp_path):
     """500 episodes per cell in, K per cell kept: memory follows K, not the input."""
     from dphil import cells
