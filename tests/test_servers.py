@@ -73,11 +73,11 @@ def test_every_episode_completes_when_one_of_three_servers_dies(tmp_path, env):
     ('["http://gpu1:8000/v1", "gpu2:8000"]', "api_base[1] = 'gpu2:8000' is not an http(s) URL"),
     ('["http://gpu1:8000/v1", 8000]', "api_base[1] = 8000 is not an http(s) URL"),
 ])
-def test_a_bad_list_of_servers_is_exit_65_naming_file_and_key(tmp_path, env, bases, message):
+def test_a_bad_list_of_servers_is_exit_78_naming_file_and_key(tmp_path, env, bases, message):
     path = tmp_path / "bad.toml"
     path.write_text(f'[models.multi]\nmodel = "openai/multi"\napi_base = {bases}\n')
     p = run(["dphil-rollout", "-m", "multi", "-n", "2", "--models", str(path)], env=env)
-    assert p.returncode == 65, p.stderr
+    assert p.returncode == 78, p.stderr
     (line,) = p.stderr.decode().splitlines()
     assert str(path) in line and "models.'multi'" in line and message in line
 

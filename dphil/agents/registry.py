@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import EX_DATAERR, ConfigError, NoInputError
+from ..errors import ConfigError, NoInputError
 
 REGISTRY_ENV = "DPHIL_MODELS"
 
@@ -139,14 +139,12 @@ def parse_registry(text: str, source: str) -> dict[str, dict[str, Any]]:
 
 
 def _check_bases(bases: list[Any], where: str) -> None:
-    """A list of servers for one model: at least one, each an http(s) URL (exit 65 otherwise)."""
+    """A list of servers for one model: at least one, each an http(s) URL (exit 78 otherwise)."""
     if not bases:
-        raise ConfigError(f"{where}: api_base is an empty list; give one URL or several",
-                          exit_code=EX_DATAERR)
+        raise ConfigError(f"{where}: api_base is an empty list; give one URL or several")
     for k, url in enumerate(bases):
         if not is_url(url):
-            raise ConfigError(f"{where}: api_base[{k}] = {url!r} is not an http(s) URL",
-                              exit_code=EX_DATAERR)
+            raise ConfigError(f"{where}: api_base[{k}] = {url!r} is not an http(s) URL")
 
 
 def is_url(value: Any) -> bool:
