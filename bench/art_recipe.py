@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from dphil.console_scripts import locate
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(
@@ -32,7 +34,7 @@ def main() -> None:
     args = ap.parse_args()
     shutil.rmtree(args.run_dir, ignore_errors=True)
     cmd = [
-        shutil.which("dphil-train") or "dphil-train",
+        locate("dphil-train") or sys.exit("art_recipe: dphil-train is not installed: pip install -e '.[art]'"),
         "--backend",
         "art",
         "--base-model",

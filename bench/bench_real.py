@@ -29,19 +29,19 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from dphil.console_scripts import locate
+
 ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 
 
 def tool(name: str) -> str:
-    found = shutil.which(name, path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    found = locate(name)
     if found is None:
         sys.exit(f"bench_real: {name} is not installed (pip install -e '.[train,real]')")
     return found

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import time
 
 import orjson
 
+from dphil.console_scripts import locate
 from dphil.episode import play
 from dphil.jsonl import dumps
 from dphil.policies import get_policy
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    show = shutil.which("dphil-show") or sys.exit("dphil-show is not installed: pip install -e .")
+    show = locate("dphil-show") or sys.exit("dphil-show is not installed: pip install -e .")
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "episodes.jsonl")
         t0 = time.perf_counter()

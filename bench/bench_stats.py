@@ -31,6 +31,8 @@ import time
 
 import orjson
 
+from dphil.console_scripts import locate
+
 POLICIES = ("hierarchy", "random", "greedy", "naive")
 POOL_SEEDS = 250
 
@@ -89,10 +91,7 @@ def timed_rss(argv: list[str]) -> tuple[float, float]:
 
 
 def stats_command() -> list[str]:
-    exe = shutil.which("dphil-stats", path=os.path.dirname(sys.executable))
-    if exe:
-        return [exe]
-    return [sys.executable, "-c", "from dphil.commands.stats import main; main()"]
+    return [locate("dphil-stats") or sys.exit("bench_stats: dphil-stats is not installed: pip install -e .")]
 
 
 def main() -> None:

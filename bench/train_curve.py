@@ -53,6 +53,8 @@ import time
 from pathlib import Path
 from statistics import mean
 
+from dphil.console_scripts import locate
+
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("paper", "shaped")
 COLOURS = {"paper": "tab:blue", "shaped": "tab:orange"}
@@ -70,7 +72,7 @@ def rel(path: Path) -> str:
 
 
 def tool(name: str) -> str:
-    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    found = locate(name)
     if not found:
         sys.exit(f"{name} not found: pip install -e . in this environment")
     return found

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from dphil.console_scripts import locate
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -16,7 +17,7 @@ BIN = Path(sys.executable).parent
 
 def command_path(name: str) -> str:
     """The installed console script `name` (from the same environment as the tests)."""
-    found = shutil.which(name, path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    found = locate(name)
     if found is None:
         pytest.fail(f"{name} is not installed: run `pip install -e .` first")
     return found
