@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import command_path, run
+from .conftest import PROMPT, command_path, run
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-PROMPT = "Philosopher $seat of $n. Forks $left_fork and $right_fork.\n$answer\n"
 LOCAL = ["-n", "3", "--rounds", "2", "--memory", "none", "--threads", "1"]
 
 
