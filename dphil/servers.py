@@ -113,11 +113,11 @@ class LocalServer:
         text = self.log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
         return " | ".join(text[-lines:]) or "(empty log)"
 
-    def stop(self, grace: float | None = None) -> None:
-        """SIGTERM to the server's own process group (its pid), SIGKILL after `grace` seconds."""
+    def stop(self) -> None:
+        """SIGTERM to the server's own process group (its pid), SIGKILL after `self.grace` seconds."""
         p = self.process
         if p is not None and p.poll() is None:
-            for sig, wait in ((signal.SIGTERM, self.grace if grace is None else grace), (signal.SIGKILL, 10.0)):
+            for sig, wait in ((signal.SIGTERM, self.grace), (signal.SIGKILL, 10.0)):
                 try:
                     os.killpg(p.pid, sig)  # the group this server leads: it and its children only
                 except ProcessLookupError:
