@@ -41,17 +41,18 @@ sys.path.insert(0, str(ROOT))
 from dphil.agents.prompts import builtin_prompt, observation_text  # noqa: E402
 from dphil.agents.registry import Registry  # noqa: E402
 from dphil.agents.tools import tool_specs  # noqa: E402
+from dphil.console_scripts import locate  # noqa: E402
 from dphil.servers import LocalServer, llamacpp_server, transformers_server  # noqa: E402
 from dphil.table import PROTOCOLS, Table  # noqa: E402
 
-BIN = Path(sys.executable).parent
 ACTIONS = set(PROTOCOLS["paper"])
 BASELINES = ("scripted:random", "scripted:naive", "scripted:hierarchy", "scripted:idle")
 LLAMACPP_ALIASES = {"tools": "gemma-3-270m-llamacpp", "text": "gemma-3-270m-llamacpp-text"}
 
 
 def dphil(*args: str, stdin: bytes | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    p = subprocess.run([str(BIN / args[0]), *args[1:]], input=stdin, capture_output=True,
+    exe = locate(args[0]) or sys.exit(f"bench_servers: {args[0]} is not installed (pip install -e '.[real]')")
+    p = subprocess.run([exe, *args[1:]], input=stdin, capture_output=True,
                        env={**os.environ, **(env or {})})
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(args[:3])}...: exit {p.returncode}: {p.stderr.decode()[-800:]}")
