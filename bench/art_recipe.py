@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from dphil.console_scripts import locate
+from dphil.io.console_scripts import locate
 
 
 def main() -> None:

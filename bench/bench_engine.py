@@ -1,6 +1,6 @@
 """Engine throughput: scripted episodes per second, JSONL writing included, on one core.
 
-Each episode is played and serialised as dphil-rollout does (`dphil.episode.play_line`).
+Each episode is played and serialised as dphil-rollout does (`dphil.core.episode.play_line`).
 
 Target (issue 2): at least 20,000 episodes/s at N=5, R=5, and time per episode
 linear in N*R up to N=1,000. Each figure is the best of three repeats, so that
@@ -14,9 +14,9 @@ import argparse
 import os
 import time
 
-from dphil.episode import play_line
-from dphil.policies import get_policy
-from dphil.records import EpisodeConfig
+from dphil.core.episode import play_line
+from dphil.core.policies import get_policy
+from dphil.core.records import EpisodeConfig
 
 
 def rate(policy_name: str, n: int, rounds: int, episodes: int, schedule: str = "simultaneous") -> float:

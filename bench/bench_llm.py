@@ -44,8 +44,8 @@ from dphil.agents.prompts import builtin_prompt, observation_text  # noqa: E402
 from dphil.agents.registry import ModelSpec  # noqa: E402
 from dphil.agents.runner import model_variant, run_models_async  # noqa: E402
 from dphil.agents.tools import tool_specs  # noqa: E402
-from dphil.records import EpisodeConfig  # noqa: E402
-from dphil.table import Table  # noqa: E402
+from dphil.core.records import EpisodeConfig  # noqa: E402
+from dphil.core.table import Table  # noqa: E402
 
 KEY = "sk-bench-not-a-secret"
 # How the default registry reaches an OpenAI-compatible server, and litellm's OpenAI provider.
@@ -55,7 +55,7 @@ OPENAI_MODEL = "openai/bench"
 
 def start_server(latency: float) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "openai_server.py"), "--latency", str(latency)],
+        [sys.executable, str(ROOT / "tests" / "support" / "openai_server.py"), "--latency", str(latency)],
         stdout=subprocess.PIPE, text=True,
     )
     assert proc.stdout is not None

@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dphil.console_scripts import locate
+from dphil.io.console_scripts import locate
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,12 +21,12 @@ import time
 
 import orjson
 
-from dphil.episode import clear_memo, play
-from dphil.jsonl import RecordReader, RecordWriter, dumps
-from dphil.policies import get_policy
-from dphil.records import EpisodeConfig
-from dphil.reward import RewardSpec
-from dphil.scoring import Scorer
+from dphil.core.episode import clear_memo, play
+from dphil.core.policies import get_policy
+from dphil.core.records import EpisodeConfig
+from dphil.io.jsonl import RecordReader, RecordWriter, dumps
+from dphil.scoring.reward import RewardSpec
+from dphil.scoring.score import Scorer
 
 POLICIES = ("hierarchy", "random", "naive", "greedy", "thinker")
 

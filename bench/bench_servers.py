@@ -1,6 +1,6 @@
 """A real model behind real local servers: how dphil-rollout plays, and what it costs.
 
-For each server (llama.cpp through `python -m dphil.llamacpp`, and `transformers
+For each server (llama.cpp through `python -m dphil.serving.llamacpp`, and `transformers
 serve`), started here on a free loopback port with Gemma 3 270M base (`dphil-weights`):
 
   bare      the server's own speed: a bare openai.AsyncOpenAI loop sending the round-1
@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT))
 from dphil.agents.prompts import builtin_prompt, observation_text  # noqa: E402
 from dphil.agents.registry import Registry  # noqa: E402
 from dphil.agents.tools import tool_specs  # noqa: E402
-from dphil.console_scripts import locate  # noqa: E402
-from dphil.servers import LocalServer, llamacpp_server, transformers_server  # noqa: E402
-from dphil.table import PROTOCOLS, Table  # noqa: E402
+from dphil.core.table import PROTOCOLS, Table  # noqa: E402
+from dphil.io.console_scripts import locate  # noqa: E402
+from dphil.serving.processes import LocalServer, llamacpp_server, transformers_server  # noqa: E402
 
 ACTIONS = set(PROTOCOLS["paper"])
 BASELINES = ("scripted:random", "scripted:naive", "scripted:hierarchy", "scripted:idle")

@@ -34,7 +34,7 @@ from dphil.agents.tools import tool_specs  # noqa: E402
 
 def start_server(latency: float, capacity: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "openai_server.py"), "--latency", str(latency),
+        [sys.executable, str(ROOT / "tests" / "support" / "openai_server.py"), "--latency", str(latency),
          "--capacity", str(capacity)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()

@@ -28,13 +28,13 @@ import time
 
 import orjson
 
-from dphil.console_scripts import locate
-from dphil.episode import play
-from dphil.jsonl import dumps
-from dphil.policies import get_policy
-from dphil.records import EpisodeConfig
-from dphil.reward import RewardSpec
-from dphil.scoring import Scorer
+from dphil.core.episode import play
+from dphil.core.policies import get_policy
+from dphil.core.records import EpisodeConfig
+from dphil.io.console_scripts import locate
+from dphil.io.jsonl import dumps
+from dphil.scoring.reward import RewardSpec
+from dphil.scoring.score import Scorer
 
 POLICIES = ("hierarchy", "random", "naive", "greedy", "thinker", "idle")
 

@@ -4,7 +4,7 @@
     python bench/bench_stats.py --episodes 100000 --keep /tmp/ep.jsonl
 
 The file is built from real scored episodes (scripted policies played by the engine
-and scored by dphil.scoring), replicated under fresh seeds and four model names so
+and scored by dphil.scoring.score), replicated under fresh seeds and four model names so
 the run has 8 cells and 2 seed-paired comparisons. Both sides run as fresh processes,
 so both pay their imports: the baseline is `polars.read_ndjson(FILE)` with polars'
 own schema inference; dphil-stats reads, checks, groups, tests and writes records.
@@ -31,18 +31,18 @@ import time
 
 import orjson
 
-from dphil.console_scripts import locate
+from dphil.io.console_scripts import locate
 
 POLICIES = ("hierarchy", "random", "greedy", "naive")
 POOL_SEEDS = 250
 
 
 def build(path: str, episodes: int, cell_major: bool = False) -> None:
-    from dphil.episode import play
-    from dphil.policies import get_policy
-    from dphil.records import EpisodeConfig
-    from dphil.reward import RewardSpec
-    from dphil.scoring import score_record
+    from dphil.core.episode import play
+    from dphil.core.policies import get_policy
+    from dphil.core.records import EpisodeConfig
+    from dphil.scoring.reward import RewardSpec
+    from dphil.scoring.score import score_record
 
     spec = RewardSpec()
     pool: list[dict] = []

@@ -250,7 +250,7 @@ class Experiment:
                 (self.work / "choice.json").read_text()),
             "recipes": full, "arms": {a: list(v) for a, v in arms(best, self.ablations).items()},
             "model": self.args.base_model if self.args.gpu else
-            "tests/tinymodel.py tiny random Qwen3 + single-token action names (bench/train_curve.py)",
+            "tests/support/tinymodel.py tiny random Qwen3 + single-token action names (bench/train_curve.py)",
             "lr": self.args.lr, "seconds": round(seconds),
         }
         for yardstick in ("shaped", "paper"):
@@ -370,7 +370,7 @@ def complete_lines(path: Path) -> int:
 
 
 def expand(text: str) -> list[int]:
-    from dphil.rollout import parse_int_list
+    from dphil.rollout.grid import parse_int_list
 
     return parse_int_list(text, "seeds")
 

@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 from statistics import mean
 
-from dphil.console_scripts import locate
+from dphil.io.console_scripts import locate
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("paper", "shaped")
@@ -86,8 +86,8 @@ def build_model(work: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from dphil.table import protocol_actions
-    from tests.tinymodel import build_tiny_model
+    from dphil.core.table import protocol_actions
+    from tests.support.tinymodel import build_tiny_model
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
@@ -232,7 +232,7 @@ def main() -> None:
     summary: dict = {
         "command": "python bench/train_curve.py " + " ".join(sys.argv[1:]),
         "setup": {
-            "model": "tests/tinymodel.py build_tiny_model (random Qwen3, hidden 96, 2 layers) "
+            "model": "tests/support/tinymodel.py build_tiny_model (random Qwen3, hidden 96, 2 layers) "
                      "+ the 4 multi-token action names added as single tokens",
             "n": args.n, "rounds": args.rounds, "steps": args.steps, "groups": args.groups,
             "group_size": args.group_size, "lr": args.lr, "lora_rank": 8, "seeds": seeds,

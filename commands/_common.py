@@ -1,7 +1,7 @@
 """What every dphil command shares on the click side: exit codes, common options.
 
 The behaviour itself (messages, signals, reading and writing records) lives in
-`dphil.console` and `dphil.jsonl`; this module only adapts click to it, so a
+`dphil.io.console` and `dphil.io.jsonl`; this module only adapts click to it, so a
 usage error exits 64 (not click's 2) under a terminal, a pipe and CliRunner alike.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from dphil.console import Console, run
-from dphil.errors import EX_INTERRUPTED, EX_USAGE
+from dphil.io.console import Console, run
+from dphil.io.errors import EX_INTERRUPTED, EX_USAGE
 
 
 class DphilCommand(click.Command):
@@ -56,7 +56,7 @@ def execute(prog: str, quiet: bool, body: Callable[[Console], int | None], *,
     """Run a command body with its Console; return the exit status for click to use.
 
     `outputs` are the files (or run directories) the body writes: it runs holding
-    their locks (`dphil.lock`), so a second writer of the same output waits up to
+    their locks (`dphil.io.lock`), so a second writer of the same output waits up to
     `wait_lock` seconds or exits 75.
     """
     console = Console(prog, quiet=quiet)
@@ -64,7 +64,7 @@ def execute(prog: str, quiet: bool, body: Callable[[Console], int | None], *,
         return run(console, lambda: body(console))
 
     def locked_body() -> int | None:
-        from dphil.lock import locked
+        from dphil.io.lock import locked
 
         def waiting(target: str, pid: int) -> None:
             who = f"pid {pid}" if pid else "another process"

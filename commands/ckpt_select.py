@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import click
-
-from ._common import command, execute, inputs_argument, output_option, quiet_option, wait_lock_option
+from dphil.commands._common import command, execute, inputs_argument, output_option, quiet_option, wait_lock_option
 
 HELP = """Choose which checkpoint to keep, instead of the last one.
 
@@ -69,9 +68,9 @@ its adapter_config.json against the record's base_model and lora_rank.
 @quiet_option
 def main(inputs, by, metric, smooth, rule, top, run_name, plot, export_dir, merge, base_model,
          no_check_path, output, wait_lock, quiet):
-    from dphil.checkpoints import located, read_inputs, select, summary
-    from dphil.errors import UsageError
-    from dphil.jsonl import RecordReader, RecordWriter
+    from dphil.checkpoints.selection import located, read_inputs, select, summary
+    from dphil.io.errors import UsageError
+    from dphil.io.jsonl import RecordReader, RecordWriter
 
     def body(console):
         if merge and export_dir is None:
@@ -84,7 +83,7 @@ def main(inputs, by, metric, smooth, rule, top, run_name, plot, export_dir, merg
         if export_dir is not None and no_check_path:
             raise UsageError("--export always checks the adapter; drop --no-check-path")
         if plot is not None:
-            from dphil.checkpoint_plot import check_plot_path
+            from dphil.checkpoints.curve import check_plot_path
 
             check_plot_path(plot)
         reader = RecordReader(inputs)
@@ -93,13 +92,13 @@ def main(inputs, by, metric, smooth, rule, top, run_name, plot, export_dir, merg
         for note in selection.notes:
             console.warn(note)
         if not no_check_path:
-            from dphil.export import adapter_dir
+            from dphil.checkpoints.export import adapter_dir
 
             for record in selection.chosen:
                 if record.get("path") is not None:
                     adapter_dir(record)
         if export_dir is not None:
-            from dphil.export import export_adapter, merge_adapter
+            from dphil.checkpoints.export import export_adapter, merge_adapter
 
             record = selection.chosen[0]
             if merge:
@@ -109,7 +108,7 @@ def main(inputs, by, metric, smooth, rule, top, run_name, plot, export_dir, merg
                 where = export_adapter(record, export_dir)
                 record["selection"]["exported_to"] = str(where)
         if plot is not None:
-            from dphil.checkpoint_plot import plot_selection
+            from dphil.checkpoints.curve import plot_selection
 
             plot_selection(selection, plot)
         with RecordWriter(output) as writer:

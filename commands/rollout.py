@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import click
+from dphil.commands._common import command, execute, quiet_option, wait_lock_option
 
-from dphil.table import CONFLICTS, DEADLOCK_MODES, PROTOCOLS, SCHEDULES
-
-from ._common import command, execute, quiet_option, wait_lock_option
+from dphil.core.table import CONFLICTS, DEADLOCK_MODES, PROTOCOLS, SCHEDULES
 
 HELP = """Play episodes of the dining philosophers and write them as JSONL.
 
@@ -119,8 +118,8 @@ def main(models, sizes, episodes, seed, seeds, rounds, protocol, schedule, confl
          output, resume, shard, registries, prompt, prompt_file, memory, talk, concurrency, rpm,
          tpm, timeout, retries, max_reply_bytes, max_errors, cost_limit, adapter, checkpoint_files,
          tags, checkpoint_run, decode, temperature, device, batch, threads, wait_lock, quiet):
-    from dphil.errors import UsageError
-    from dphil.rollout import Grid, RolloutRequest, parse_int_list, parse_shard, parse_tags, run_request
+    from dphil.io.errors import UsageError
+    from dphil.rollout.grid import Grid, RolloutRequest, parse_int_list, parse_shard, parse_tags, run_request
 
     def body(console):
         table_sizes = parse_int_list(sizes, "-n")

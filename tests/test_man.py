@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from .conftest import ROOT
+from tests.support.commands import ROOT
 
 
 def test_man_pages_match_the_commands(tmp_path):

@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from .conftest import ROOT
+from tests.support.commands import ROOT
 
 
 def test_ci_runs_exactly_the_readme_test_command():

@@ -12,9 +12,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UsageError
-from .parsing import Parsed, parse_reply, strip_reasoning
-from .prompts import REASON_TEXT, Prompt
+from dphil.agents.parsing import Parsed, parse_reply, strip_reasoning
+from dphil.agents.prompts import REASON_TEXT, Prompt
+from dphil.io.errors import UsageError
 
 _WINDOW = re.compile(r"window:(\d+)")
 MAX_MESSAGE_CHARS = 400

@@ -25,10 +25,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import EX_UNAVAILABLE, DphilError, MissingExtraError
-from .capped import DEFAULT_MAX_REPLY_BYTES, guarded
-from .reasons import describe
-from .registry import ModelSpec, public_url
+from dphil.agents.capped import DEFAULT_MAX_REPLY_BYTES, guarded
+from dphil.agents.reasons import describe
+from dphil.agents.registry import ModelSpec, public_url
+from dphil.io.errors import EX_UNAVAILABLE, DphilError, MissingExtraError
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -86,7 +86,7 @@ def litellm_module() -> Any:
                 "calling language models needs litellm: pip install 'dphil[llm]'"
             ) from None
         _quiet_warnings()
-        from .capped import install
+        from dphil.agents.capped import install
 
         install()  # before litellm makes its first HTTP client
         litellm.suppress_debug_info = True
@@ -234,7 +234,7 @@ class Gateway:
         """The Router of a model served by several servers (made once per run and model)."""
         router = self._routers.get(spec.name)
         if router is None:
-            from .servers import make_router
+            from dphil.agents.router import make_router
 
             router = self._routers[spec.name] = make_router(litellm, spec, key)
         return router

@@ -17,8 +17,8 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from ..errors import ConfigError, NoInputError
-from ..table import (
+from dphil.agents.tools import ACTION_DESCRIPTIONS
+from dphil.core.table import (
     ALREADY_HELD,
     HELD_BY_NEIGHBOUR,
     LOST_CONFLICT,
@@ -28,7 +28,7 @@ from ..table import (
     Observation,
     protocol_actions,
 )
-from .tools import ACTION_DESCRIPTIONS
+from dphil.io.errors import ConfigError, NoInputError
 
 PROMPT_VARIANTS = ("default", "minimal", "resource-ordering", "symmetry-breaking")
 

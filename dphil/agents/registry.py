@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import ConfigError, NoInputError
+from dphil.io.errors import ConfigError, NoInputError
 
 REGISTRY_ENV = "DPHIL_MODELS"
 

@@ -15,14 +15,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..episode import new_table
-from ..errors import EX_UNAVAILABLE, DphilError
-from ..records import EpisodeConfig, episode_record
-from .agent import Agent, AgentSettings
-from .llm import Completion, Gateway, LLMCallError
-from .prompts import followup_text, observation_text
-from .registry import ModelSpec
-from .tools import tool_specs
+from dphil.agents.agent import Agent, AgentSettings
+from dphil.agents.llm import Completion, Gateway, LLMCallError
+from dphil.agents.prompts import followup_text, observation_text
+from dphil.agents.registry import ModelSpec
+from dphil.agents.tools import tool_specs
+from dphil.core.episode import new_table
+from dphil.core.records import EpisodeConfig, episode_record
+from dphil.io.errors import EX_UNAVAILABLE, DphilError
 
 
 @dataclass
@@ -313,7 +313,7 @@ def run_models(configs: Iterable[EpisodeConfig], specs: dict[str, ModelSpec],
                settings: AgentSettings, write: Callable[[dict[str, Any]], None], *,
                limits: Any = None, **kwargs: Any) -> ModelRunStats:
     """Synchronous entry point for commands: one event loop for the whole run."""
-    from .llm import Limits
+    from dphil.agents.llm import Limits
 
     async def main() -> ModelRunStats:
         gateway = Gateway(limits or Limits())
@@ -339,9 +339,9 @@ def plan_models(models: Iterable[str], *, registry_files: Iterable[str] = (),
 
     Reads only TOML and the prompt file: litellm is not imported here.
     """
-    from .agent import parse_memory
-    from .prompts import get_prompt
-    from .registry import Registry
+    from dphil.agents.agent import parse_memory
+    from dphil.agents.prompts import get_prompt
+    from dphil.agents.registry import Registry
 
     settings = AgentSettings(get_prompt(prompt, prompt_file), memory=parse_memory(memory),
                              talk=talk)

@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..episode import recorded_winner
-from ..table import IDLE_ACTIONS, PICK_LEFT, PICK_RIGHT, Table
-from .grpo import group_advantages
+from dphil.core.episode import recorded_winner
+from dphil.core.table import IDLE_ACTIONS, PICK_LEFT, PICK_RIGHT, Table
+from dphil.train.grpo import group_advantages
 
 MODES = ("episode", "philosopher", "step")
 DEFAULT_GAMMA = 0.95  # GiGPO's discount

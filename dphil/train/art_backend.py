@@ -39,14 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..agents.parsing import parse_reply
-from ..agents.prompts import Prompt, observation_text
-from ..agents.tools import tool_specs
-from ..episode import new_table
-from ..errors import ConfigError, DphilError, MissingExtraError
-from ..records import EpisodeConfig, episode_record
-from .advantages import philosopher_returns
-from .play import Played
+from dphil.agents.parsing import parse_reply
+from dphil.agents.prompts import Prompt, observation_text
+from dphil.agents.tools import tool_specs
+from dphil.core.episode import new_table
+from dphil.core.records import EpisodeConfig, episode_record
+from dphil.io.errors import ConfigError, DphilError, MissingExtraError
+from dphil.local.play import Played
+from dphil.train.advantages import philosopher_returns
 
 FLAVOURS = ("art", "art-serverless", "art-tinker")
 INSTALL = {

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import UsageError
+from dphil.io.errors import UsageError
 
 
 @dataclass(frozen=True)

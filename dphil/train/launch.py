@@ -10,14 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..console import Console
-from ..errors import UsageError
-from ..jsonl import RecordWriter
-from ..reward import RewardSpec
-from ..rollout import parse_int_list
-from .advantages import AdvantageSpec
-from .curriculum import parse_curriculum
-from .loop import (
+from dphil.io.console import Console
+from dphil.io.errors import UsageError
+from dphil.io.jsonl import RecordWriter
+from dphil.rollout.grid import parse_int_list
+from dphil.scoring.reward import RewardSpec
+from dphil.train.advantages import AdvantageSpec
+from dphil.train.curriculum import parse_curriculum
+from dphil.train.loop import (
     Progress,
     TrainConfig,
     default_val_seeds,
@@ -80,7 +80,7 @@ def build_config(opts: dict[str, Any]) -> TrainConfig:
             raise UsageError("--val-n: a table needs at least 2 philosophers")
     lora_alpha = opts["lora_alpha"] or 2 * opts["lora_rank"]
     advantage = build_advantage(opts)
-    from .play import parse_memory
+    from dphil.local.play import parse_memory
 
     parse_memory(opts["memory"])  # refuse a bad --memory before any model loads
     policy = {
@@ -144,13 +144,13 @@ def build_advantage(opts: dict[str, Any]) -> AdvantageSpec:
 
 def make_backend_factory(cfg: TrainConfig, opts: dict[str, Any]):
     """A function `resume_from -> backend`, imported lazily for the chosen backend."""
-    from ..agents.prompts import get_prompt
-    from .play import parse_memory
+    from dphil.agents.prompts import get_prompt
+    from dphil.local.play import parse_memory
 
     prompt = get_prompt(opts["prompt_name"], opts["prompt_file"])
     memory = parse_memory(opts["memory"])
     if cfg.backend == "peft":
-        from .peft_backend import PeftBackend, PeftSettings
+        from dphil.train.peft_backend import PeftBackend, PeftSettings
 
         if opts.get("threads"):
             import torch
@@ -178,7 +178,7 @@ def make_backend_factory(cfg: TrainConfig, opts: dict[str, Any]):
             init_seed=derive_seed("lora-init", cfg.seed),
         )
         return lambda resume_from: PeftBackend(settings, resume_from=resume_from)
-    from .art_backend import ArtBackend, ArtSettings
+    from dphil.train.art_backend import ArtBackend, ArtSettings
 
     settings_art = ArtSettings(
         base_model=cfg.base_model,
@@ -202,7 +202,7 @@ def launch(console: Console, opts: dict[str, Any]) -> int:
     """Run `dphil-train` with its parsed options; return the exit status."""
     cfg = build_config(opts)
     if opts.get("tensorboard"):
-        from .tensorboard_log import check_available
+        from dphil.train.tensorboard_log import check_available
 
         check_available()
     factory = make_backend_factory(cfg, opts)
@@ -220,7 +220,7 @@ def launch(console: Console, opts: dict[str, Any]) -> int:
     ok = False
     try:
         if opts.get("tensorboard"):
-            from .tensorboard_log import TensorBoardLog
+            from dphil.train.tensorboard_log import TensorBoardLog
 
             board = TensorBoardLog(
                 cfg.run_dir, load_journal(cfg.run_dir) if cfg.run_dir.exists() else []

@@ -29,16 +29,16 @@ from typing import Any, Protocol
 
 import orjson
 
-from .. import __version__
-from ..atomic import atomic_file
-from ..errors import DataError, UsageError
-from ..jsonl import RecordWriter
-from ..records import SCHEMA_VERSION, EpisodeConfig
-from ..reward import RewardSpec
-from ..scoring import score_record
-from .advantages import AdvantageSpec, turn_advantages
-from .curriculum import Curriculum
-from .play import Played
+from dphil import __version__
+from dphil.core.records import SCHEMA_VERSION, EpisodeConfig
+from dphil.io.atomic import atomic_file
+from dphil.io.errors import DataError, UsageError
+from dphil.io.jsonl import RecordWriter
+from dphil.local.play import Played
+from dphil.scoring.reward import RewardSpec
+from dphil.scoring.score import score_record
+from dphil.train.advantages import AdvantageSpec, turn_advantages
+from dphil.train.curriculum import Curriculum
 
 JOURNAL = "checkpoints.jsonl"
 SETTINGS = "run.json"

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..agents.prompts import Prompt
-from ..errors import MissingExtraError
-from ..records import EpisodeConfig
-from .grpo import grpo_loss
-from .hf_policy import LORA_TARGETS, Decision, LocalModel, load_adapter
-from .play import Played, play_episodes
+from dphil.agents.prompts import Prompt
+from dphil.core.records import EpisodeConfig
+from dphil.io.errors import MissingExtraError
+from dphil.local.model import LORA_TARGETS, Decision, LocalModel, load_adapter
+from dphil.local.play import Played, play_episodes
+from dphil.train.grpo import grpo_loss
 
 OPTIMIZER_FILE = "optimizer.pt"
 

@@ -14,7 +14,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from ..errors import MissingExtraError
+from dphil.io.errors import MissingExtraError
 
 # TensorBoard tag -> checkpoint record field.
 SCALARS: dict[str, str] = {

@@ -1,0 +1,28 @@
+"""Lazy package faces: `from dphil.results import welch` without importing every stage module.
+
+A stage's `__init__.py` names its public API; the module behind a name is imported
+on first use, so `import dphil.io` (which every command does) never pulls in
+polars, torch or litellm through a sibling's face.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+
+def lazy_face(package: str, exports: dict[str, tuple[str, ...]]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """`__getattr__` and `__dir__` for `package`: module name -> the public names it provides."""
+    where = {name: module for module, names in exports.items() for name in names}
+
+    def __getattr__(name: str) -> Any:
+        module = where.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{package}.{module}"), name)
+
+    def __dir__() -> list[str]:
+        return sorted(where)
+
+    return __getattr__, __dir__

@@ -1,0 +1,86 @@
+"""Writing files so that readers see the old contents or the new, never half of either.
+
+Every output a command names (`-o FILE`, plots, run settings, exports) is
+written to a temporary file beside its target and renamed over it only once
+complete; on failure the temporary file is removed and the target is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from dphil.io.errors import OutputError
+
+
+def current_umask() -> int:
+    """The process umask (reading it means setting it; it is put straight back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def is_special(path: str | os.PathLike) -> bool:
+    """A target that exists and is not a regular file (/dev/null, a FIFO, a terminal).
+
+    Such a target is written in place: renaming a temporary file over it would replace
+    the device or pipe itself (as root, `-o /dev/null` would leave a plain file there).
+    """
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def temp_beside(path: str | os.PathLike) -> tuple[int, str]:
+    """Create a temporary file in the target's directory (same file system, so rename is atomic).
+
+    It gets the permissions a plain `open(path, "w")` would give, not mkstemp's 0600.
+    """
+    target = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.resolve().parent)
+    except OSError as e:
+        raise OutputError(f"{path}: cannot write: {e.strerror}") from None
+    os.fchmod(fd, 0o666 & ~current_umask())
+    return fd, tmp
+
+
+def publish(tmp: str, path: str | os.PathLike) -> None:
+    """Rename a finished temporary file over its target."""
+    try:
+        os.replace(tmp, path)
+    except OSError as e:
+        discard(tmp)
+        raise OutputError(f"{path}: cannot rename into place: {e.strerror}") from None
+
+
+def discard(tmp: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """`with atomic_file(p) as fh: fh.write(...)`: p appears complete on success, unchanged on failure."""
+    if is_special(path):
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except OSError as e:
+            raise OutputError(f"{path}: cannot write: {e.strerror}") from None
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+        return
+    fd, tmp = temp_beside(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+    except BaseException:
+        discard(tmp)
+        raise
+    publish(tmp, path)

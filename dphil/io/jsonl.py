@@ -1,0 +1,307 @@
+"""Reading and writing JSONL records the way every dphil command does.
+
+Reading: files or `-` (stdin), plain or gzip (detected by magic bytes, so a
+gzipped stream on stdin works too). Every problem is a DataError naming the
+source and line. Blank lines and a leading byte-order mark are skipped; a last
+line without its newline that does not parse is reported as truncated (an
+interrupted writer), not as a generic syntax error; NaN and Infinity are not
+JSON and are refused; lines over MAX_LINE bytes are refused without reading
+them into memory whole.
+
+Writing: whole lines only. Lines are buffered and written with os.write at
+line boundaries, so a signal can never leave half a line behind; stdout is
+flushed at least every FLUSH_SECONDS so records stream through pipes. `-o FILE`
+goes to a temporary file in the same directory that is renamed over FILE only
+when the command succeeds; `append` mode (resumable rollouts) appends whole
+lines to FILE in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import IO, Any
+
+import orjson
+
+from dphil.io.atomic import discard, is_special, publish, temp_beside
+from dphil.io.errors import DataError, NoInputError, OutputError
+
+MAX_LINE = 64 * 1024 * 1024
+FLUSH_SECONDS = 0.1
+_BUFFER_BYTES = 1 << 16
+_GZIP_MAGIC = b"\x1f\x8b"
+_BOM = b"\xef\xbb\xbf"
+
+
+def open_input(source: str, stdin: IO[bytes] | None = None) -> IO[bytes]:
+    """Open a path or `-` for binary reading, unwrapping gzip by its magic bytes."""
+    if source == "-":
+        raw = stdin if stdin is not None else sys.stdin.buffer
+        stream: IO[bytes] = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)  # type: ignore[arg-type]
+    else:
+        try:
+            stream = open(source, "rb")  # noqa: SIM115 - closed by the reader
+        except FileNotFoundError:
+            raise NoInputError(f"{source}: no such file") from None
+        except IsADirectoryError:
+            raise NoInputError(f"{source}: is a directory") from None
+        except PermissionError:
+            raise NoInputError(f"{source}: permission denied") from None
+        except OSError as e:
+            raise NoInputError(f"{source}: {e.strerror}") from None
+    try:
+        head = stream.peek(2)[:2]  # type: ignore[attr-defined]
+    except (AttributeError, io.UnsupportedOperation):
+        head = b""
+    if head == _GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[return-value]
+    return stream
+
+
+def source_name(source: str) -> str:
+    return "<stdin>" if source == "-" else source
+
+
+class RecordReader:
+    """Iterate JSON objects from several sources, knowing where each came from.
+
+    With `on_error="skip"`, malformed lines (and records a command rejects via
+    `reject`) are counted in `skipped` instead of stopping the run. While a
+    record is being handled, `source`, `line` and `raw` (its line's bytes,
+    byte-order mark removed) say where it came from.
+    """
+
+    def __init__(
+        self,
+        sources: list[str] | tuple[str, ...],
+        *,
+        on_error: str = "fail",
+        stdin: IO[bytes] | None = None,
+        warn=None,
+    ) -> None:
+        self.sources = list(sources) or ["-"]
+        self.on_error = on_error
+        self.stdin = stdin
+        self.skipped = 0
+        self.source = ""
+        self.line = 0
+        self.raw = b""
+        self._warn = warn
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        loads = orjson.loads
+        decode_error = orjson.JSONDecodeError
+        for src in self.sources:
+            self.source = source_name(src)
+            stream = open_input(src, self.stdin)
+            try:
+                readline = stream.readline
+                lineno = 0
+                while True:
+                    try:
+                        line = readline(MAX_LINE + 1)
+                    except (OSError, EOFError, gzip.BadGzipFile) as e:
+                        self.line = lineno + 1
+                        self._fail(DataError(f"cannot read: {e}"))
+                        break
+                    if not line:
+                        break
+                    lineno += 1
+                    self.line = lineno
+                    if lineno == 1 and line.startswith(_BOM):
+                        line = line[3:]
+                    if len(line) > MAX_LINE:
+                        self._skip_rest(readline, line)
+                        self._fail(DataError(f"line longer than {_size(MAX_LINE)}"))
+                        continue
+                    try:
+                        record = loads(line)
+                    except decode_error as e:
+                        if not line.strip():
+                            continue
+                        self._fail(DataError(_json_problem(line, e)))
+                        continue
+                    if type(record) is not dict:
+                        self._fail(DataError(f"expected a JSON object, got {_json_type(record)}"))
+                        continue
+                    self.raw = line
+                    yield record
+            finally:
+                if src != "-":
+                    stream.close()
+
+    def reject(self, error: DataError) -> None:
+        """Report a record the command cannot use: raise it located, or count it when skipping."""
+        self._fail(error)
+
+    def _fail(self, error: DataError) -> None:
+        located = error.at(self.source, self.line)
+        if self.on_error != "skip":
+            raise located
+        self.skipped += 1
+        if self._warn is not None:
+            self._warn(located.message)
+
+    @staticmethod
+    def _skip_rest(readline, line: bytes) -> None:
+        while line and not line.endswith(b"\n"):
+            line = readline(_BUFFER_BYTES)
+
+
+def _json_problem(line: bytes, error: Exception) -> str:
+    if not line.endswith(b"\n"):
+        return "truncated last line (no newline at the end: was the writer interrupted?)"
+    for word in (b"NaN", b"Infinity"):
+        if word in line:
+            return f"invalid JSON: {word.decode()} is not a JSON number"
+    msg = str(error).split(": line", 1)[0]
+    return f"invalid JSON: {msg}"
+
+
+def _json_type(value: Any) -> str:
+    return {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _size(nbytes: int) -> str:
+    if nbytes >= 1 << 20:
+        return f"{nbytes / (1 << 20):g} MiB"
+    return f"{nbytes} bytes"
+
+
+def _fileno(stream) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def dumps(record: dict[str, Any]) -> bytes:
+    """One record as one JSON line (with its newline)."""
+    return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+
+
+class RecordWriter:
+    """Write whole JSON lines to stdout or a file.
+
+    mode `atomic` (the default for `-o FILE`): write to a temporary file next to
+    FILE and rename it over FILE in `close(success=True)`; on failure FILE is left
+    as it was. mode `append`: append whole lines to FILE and fsync on close, for
+    journals that a later run resumes. `line_buffered` writes every line through
+    at once (slow episodes from models); otherwise lines are batched, and stdout
+    is flushed at the first write FLUSH_SECONDS after the last flush.
+    """
+
+    def __init__(self, path: str | None = None, *, mode: str = "atomic", stdout_fd: int | None = None,
+                 line_buffered: bool = False) -> None:
+        self.path = path
+        self.line_buffered = line_buffered
+        self.mode = mode
+        self.count = 0
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._last_flush = time.monotonic()
+        self._tmp: str | None = None
+        self._closed = False
+        self.broken_pipe = False
+        if path is None or path == "-":
+            self.path = None
+            self._stream = True
+            self._fd = stdout_fd if stdout_fd is not None else _fileno(sys.stdout)
+            if self._fd is None:  # stdout replaced by an in-memory stream (tests, notebooks)
+                self._buffer = getattr(sys.stdout, "buffer", sys.stdout)
+            return
+        self._stream = False
+        self._sync = not is_special(path)  # a device or FIFO is written in place and not fsynced
+        try:
+            if not self._sync:
+                self._fd = os.open(path, os.O_WRONLY)
+            elif mode == "append":
+                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            else:
+                self._fd, self._tmp = temp_beside(path)
+        except OSError as e:
+            raise OutputError(f"{path}: cannot write: {e.strerror}") from None
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.write_line(dumps(record))
+
+    def write_line(self, line: bytes) -> None:
+        self._chunks.append(line)
+        self._size += len(line)
+        self.count += 1
+        if self.line_buffered or self._size >= _BUFFER_BYTES or (
+            self._stream and time.monotonic() - self._last_flush >= FLUSH_SECONDS
+        ):
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._chunks:
+            return
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        self._size = 0
+        self._last_flush = time.monotonic()
+        view = memoryview(data)
+        try:
+            if self._fd is None:
+                self._buffer.write(data)
+                self._buffer.flush()
+                return
+            try:
+                while view:
+                    written = os.write(self._fd, view)
+                    view = view[written:]
+            except BaseException as stop:
+                if isinstance(stop, Exception):
+                    raise
+                # Ctrl-C or SIGTERM while a full pipe held a write part-done: finish the line
+                # it was in (a second signal still stops this), so no reader sees half a line.
+                done = len(data) - len(view)
+                torn = done and data[done - 1] != 0x0A
+                tail = view[: data.find(b"\n", done) + 1 - done] if torn else view[:0]
+                while tail:
+                    tail = tail[os.write(self._fd, tail):]
+                raise
+        except BrokenPipeError:
+            self.broken_pipe = True
+            raise
+        except OSError as e:
+            raise OutputError(f"{self.path or '<stdout>'}: write failed: {e.strerror}") from None
+
+    def close(self, success: bool = True) -> None:
+        """Flush and finish: rename the temporary file into place only if `success`."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if success:
+                self.flush()
+            elif self.mode == "append" or self._stream:
+                # Whole lines are still worth keeping in a journal or a pipe.
+                with contextlib.suppress(OSError):
+                    self.flush()
+        finally:
+            if not self._stream:
+                try:
+                    if self._sync and (success or self.mode == "append"):
+                        os.fsync(self._fd)
+                finally:
+                    os.close(self._fd)
+                if self._tmp is not None:
+                    if success:
+                        publish(self._tmp, self.path)  # type: ignore[arg-type]
+                    else:
+                        discard(self._tmp)
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(success=exc_type is None)

@@ -1,0 +1,355 @@
+"""Cell and comparison records as a reader sees them: markdown, CSV, a terminal table, a plot.
+
+JSONL stays the data; these renderings are for a results section (markdown a reader can
+paste, with the 95% intervals next to every estimate), a spreadsheet (CSV, flattened,
+unrounded) and people who would rather look than read (a plot, with matplotlib as an
+optional extra that is imported only when a plot is asked for).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from dphil.io.atomic import atomic_file
+from dphil.io.errors import MissingExtraError, OutputError, UsageError
+
+FORMATS = ("jsonl", "markdown", "csv", "table")
+PLOT_FORMATS = ("png", "svg", "pdf")
+_NA = "n/a"
+
+
+# -- numbers as text ----------------------------------------------------------------------
+
+
+def num(x: float | int | None, digits: int = 3) -> str:
+    if x is None:
+        return _NA
+    if isinstance(x, int) and not isinstance(x, bool):
+        return str(x)
+    return f"{x:.{digits}f}"
+
+
+def pct(x: float | None) -> str:
+    return _NA if x is None else f"{100 * x:.1f}%"
+
+
+def p_text(p: float | None) -> str:
+    if p is None:
+        return _NA
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def with_ci(x: float | None, ci: Sequence[float] | None, digits: int = 3) -> str:
+    if x is None:
+        return _NA
+    if not ci:
+        return num(x, digits)
+    return f"{num(x, digits)} [{num(ci[0], digits)}, {num(ci[1], digits)}]"
+
+
+def pct_ci(x: float | None, ci: Sequence[float] | None) -> str:
+    if x is None:
+        return _NA
+    if not ci:
+        return pct(x)
+    return f"{pct(x)} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
+
+
+def _signed(x: float | None, ci: Sequence[float] | None, digits: int = 3) -> str:
+    if x is None:
+        return _NA
+    text = f"{x:+.{digits}f}"
+    if ci:
+        text += f" [{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]"
+    return text
+
+
+# -- rows ---------------------------------------------------------------------------------
+
+
+def cell_rows(cells: list[dict[str, Any]], by: Sequence[str]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-cell table."""
+    tokens = any(c["prompt_tokens"] or c["completion_tokens"] or c["cost"] for c in cells)
+    header = [*by, "episodes", "errors", "reward (95% CI)", "deadlock (95% CI)", "meals",
+              "degenerate", "null actions", "failed actions"]
+    if tokens:
+        header += ["tokens in", "tokens out", "cost"]
+    rows = []
+    for c in cells:
+        row = [value_text(c.get(f)) for f in by] + [
+            str(c["episodes"]), str(c["errors"]),
+            with_ci(c["reward_mean"], c["reward_ci"]),
+            pct_ci(c["deadlock_rate"], c["deadlock_ci"]),
+            num(c["meals_mean"], 2),
+            pct(c["degenerate_rate"]),
+            pct(c["null_action_rate"]),
+            pct(c["failed_action_rate"]),
+        ]
+        if tokens:
+            row += [str(c["prompt_tokens"]), str(c["completion_tokens"]), f"{c['cost']:.4f}"]
+        rows.append(row)
+    return header, rows
+
+
+def comparison_rows(
+    comps: list[dict[str, Any]], by: Sequence[str]
+) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the comparison table (B − A)."""
+    group = [f for f in by if any(f in c for c in comps)]
+    paired = any(c["paired"] for c in comps)
+    power = any("power" in c for c in comps)
+    adjust = comps[0]["adjust"] if comps else "none"
+    header = [*group, "comparison (B − A)", "episodes A/B", "Δ reward (95% CI)", "Welch t (df)",
+              "p"]
+    if adjust != "none":
+        header.append(f"p ({adjust})")
+    header += ["Hedges' g (95% CI)", "Δ deadlock (95% CI)", "p deadlock"]
+    if paired:
+        header += ["pairs", "paired t p", "Wilcoxon p", "McNemar p"]
+    if power:
+        header += ["g for power", "episodes/arm for 80%", "detectable g now"]
+    rows = []
+    for c in comps:
+        dl = c["deadlock"]
+        t = _NA if c["welch_t"] is None else f"{c['welch_t']:.2f} ({c['df']:.1f})"
+        row = [value_text(c[f]) if f in c else "" for f in group] + [
+            f"{c['field']}: {value_text(c['a']['value'])} → {value_text(c['b']['value'])}",
+            f"{c['a']['episodes']}/{c['b']['episodes']}",
+            _signed(c["diff"], c["diff_ci"]),
+            t,
+            p_text(c["p_value"]),
+        ]
+        if adjust != "none":
+            row.append(p_text(c["p_adjusted"]))
+        dl_test = f" ({dl['test']})" if dl["test"] else ""
+        row += [
+            _signed(c["hedges_g"], c["hedges_g_ci"], 2),
+            _signed(dl["diff"], dl["diff_ci"]),
+            p_text(dl["p_value"]) + dl_test,
+        ]
+        if paired:
+            pt = c["paired_tests"]
+            if pt is None:
+                row += [_NA] * 4
+            else:
+                row += [str(pt["pairs"]), p_text(pt["p_value"]), p_text(pt["wilcoxon_p"]),
+                        p_text(pt["mcnemar"]["p_value"])]
+        if power:
+            pw = c.get("power") or {}
+            needed = pw.get("episodes_per_arm")
+            row += [num(pw.get("effect_g"), 2), _NA if needed is None else str(needed),
+                    num(pw.get("detectable_g"), 2)]
+        rows.append(row)
+    return header, rows
+
+
+def value_text(v: Any) -> str:
+    if v is None:
+        return _NA
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+# -- renderers ----------------------------------------------------------------------------
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    def esc(s: str) -> str:
+        return s.replace("|", "\\|")
+
+    numeric = [numeric_column(rows, k) for k in range(len(header))]
+    lines = ["| " + " | ".join(esc(h) for h in header) + " |",
+             "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[k]) for r in rows)) if rows else len(h)
+              for k, h in enumerate(header)]
+    numeric = [numeric_column(rows, k) for k in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cells, widths, numeric, strict=True)
+        ).rstrip()
+
+    out = [line(header), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def numeric_column(rows: list[list[str]], k: int) -> bool:
+    values = [r[k] for r in rows if r[k] != _NA]
+    return bool(values) and all(v[:1].isdigit() or v[:1] in "+-<" for v in values)
+
+
+def flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested objects become `a_b` columns, intervals `x_lo`/`x_hi`, notes one text cell."""
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "_"))
+        elif key.endswith("_ci"):
+            lo, hi = value if value else (None, None)
+            out[name + "_lo"], out[name + "_hi"] = lo, hi
+        elif isinstance(value, list):
+            out[name] = "; ".join(str(v) for v in value)
+        else:
+            out[name] = value
+    return out
+
+
+def csv_text(records: list[dict[str, Any]]) -> str:
+    """Flattened records as CSV (columns in first-seen order; blanks for missing)."""
+    import csv
+    import io
+
+    flat = [flatten(r) for r in records]
+    columns: dict[str, None] = {}
+    for f in flat:
+        columns.update(dict.fromkeys(f))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    for f in flat:
+        writer.writerow({k: ("" if v is None else v) for k, v in f.items()})
+    return buf.getvalue()
+
+
+def render(
+    fmt: str, cells: list[dict[str, Any]], comps: list[dict[str, Any]], by: Sequence[str]
+) -> str:
+    """The whole report in a text format: the cell table, then the comparison table.
+
+    CSV puts the two tables one after the other, separated by a blank line (with
+    `--no-cells` it is a single table, ready for any CSV reader).
+    """
+    if fmt == "csv":
+        parts = [csv_text(x) for x in (cells, comps) if x]
+        return "\n".join(parts)
+    draw = markdown if fmt == "markdown" else table
+    parts = []
+    if cells:
+        parts.append(draw(*cell_rows(cells, by)))
+    if comps:
+        parts.append(draw(*comparison_rows(comps, by)))
+        notes = [(c, n) for c in comps for n in c["notes"]]
+        if notes:
+            lines = [f"- {note_label(c, by)}: {n}" for c, n in notes]
+            parts.append("Notes:\n\n" + "\n".join(lines) + "\n" if fmt == "markdown"
+                         else "notes:\n" + "\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
+def note_label(c: dict[str, Any], by: Sequence[str]) -> str:
+    group = " ".join(f"{f}={value_text(c[f])}" for f in by if f in c and f != c["field"])
+    what = f"{c['field']} {value_text(c['a']['value'])} vs {value_text(c['b']['value'])}"
+    return f"{what} {group}".strip()
+
+
+# -- plot ---------------------------------------------------------------------------------
+
+
+def check_plot(path: str) -> str:
+    """Refuse a plot file name or a missing matplotlib before any work is done; the format."""
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext not in PLOT_FORMATS:
+        raise UsageError(f"--plot {path}: use a .png, .svg or .pdf file name")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise MissingExtraError(
+            "--plot needs matplotlib, an optional extra: pip install 'dphil[plot]'"
+        ) from None
+    return ext
+
+
+def plot(cells: list[dict[str, Any]], by: Sequence[str], path: str) -> None:
+    """Mean reward (95% t CI) and deadlock rate (95% Wilson CI) per cell: one line per
+    series across N when `n` is a grouping field, otherwise one point per cell."""
+    ext = check_plot(path)
+    plt = _pyplot()
+    fig = _figure(plt, cells, by)
+    try:
+        _save(fig, path, ext)
+    finally:
+        plt.close(fig)
+
+
+def plot_svg(cells: list[dict[str, Any]], by: Sequence[str]) -> str:
+    """The same picture as an `<svg>` element to put inline in a page (text kept as text)."""
+    import io
+
+    import matplotlib
+
+    plt = _pyplot()
+    fig = _figure(plt, cells, by)
+    buf = io.StringIO()
+    try:
+        with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "dphil-stats"}):
+            fig.savefig(buf, format="svg", metadata={"Date": None})
+    finally:
+        plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _figure(plt: Any, cells: list[dict[str, Any]], by: Sequence[str]) -> Any:
+    cells = [c for c in cells if c["episodes"]]
+    x_field = "n" if "n" in by else None
+    series_fields = [f for f in by if f != x_field]
+    series: dict[str, list[dict[str, Any]]] = {}
+    for c in cells:
+        label = ", ".join(value_text(c[f]) for f in series_fields) or "all"
+        series.setdefault(label, []).append(c)
+    fig, (ax_r, ax_d) = plt.subplots(1, 2, figsize=(11, 4.2))
+    labels = list(series)
+    for k, (label, group) in enumerate(series.items()):
+        if x_field:
+            group = sorted(group, key=lambda c: c[x_field])
+            xs = [c[x_field] for c in group]
+        else:
+            xs = [k] * len(group)
+        for ax, mean_key, ci_key in ((ax_r, "reward_mean", "reward_ci"),
+                                     (ax_d, "deadlock_rate", "deadlock_ci")):
+            ys = [c[mean_key] for c in group]
+            lo = [y - (c[ci_key] or [y, y])[0] for c, y in zip(group, ys, strict=True)]
+            hi = [(c[ci_key] or [y, y])[1] - y for c, y in zip(group, ys, strict=True)]
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=label,
+                        linestyle="-" if x_field else "none")
+    for ax, title in ((ax_r, "Mean reward (95% CI)"), (ax_d, "Deadlock rate (95% Wilson CI)")):
+        ax.set_title(title)
+        if x_field:
+            ax.set_xlabel("N (philosophers)")
+            ax.set_xticks(sorted({c[x_field] for c in cells}))
+        else:
+            ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+        ax.grid(alpha=0.3)
+    ax_d.set_ylim(-0.02, 1.02)
+    if x_field and len(labels) > 1:
+        ax_r.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def _save(fig: Any, path: str, ext: str) -> None:
+    """Write the figure to a temporary file next to `path` and rename it into place."""
+    try:
+        with atomic_file(path) as fh:
+            fig.savefig(fh, format=ext)
+    except OSError as e:
+        raise OutputError(f"{path}: cannot write: {e.strerror}") from None

@@ -1,0 +1,66 @@
+"""bench/recipes.py --smoke: the recipe experiment end to end, and resumed where it stopped.
+
+The smoke size trains the study's recipe and dphil's two credit-assignment
+candidates for two steps on the tiny model, picks the better on validation,
+evaluates every arm on held-out test seeds through dphil-rollout --checkpoints,
+and compares them with dphil-stats. It takes a few minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+pytest.importorskip("matplotlib")
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def smoke(work: Path, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "recipes.py"), "--smoke",
+                           "--work", str(work), "--out", str(out)],
+                          capture_output=True, text=True, timeout=1500, cwd=ROOT, check=False)
+
+
+def test_the_recipe_experiment_runs_end_to_end_and_resumes(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "results"
+    first = smoke(work, out)
+    assert first.returncode == 0, first.stderr[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    best = summary["advantage_choice"]["advantage"]
+    assert best in ("philosopher", "step")
+    other = "step" if best == "philosopher" else "philosopher"
+    arms = {"base", "study", "dphil", f"abl-{other}", "abl-last"}
+    for yardstick in ("shaped", "paper"):
+        cells = summary[yardstick]["cells"]
+        assert {k.split("/")[0] for k in cells} == arms
+        assert all(c["episodes"] == 4 for c in cells.values())  # 4 test seeds per N, one seed
+        table = (out / f"table-{yardstick}.md").read_text()
+        assert "recipe: study → dphil" in table and "recipe: base → study" in table
+    for name in ("study", "dphil-philosopher", "dphil-step"):
+        assert (out / f"curve-{name}.png").stat().st_size > 1000
+        runs = summary["training"][name]
+        assert [list(steps) for steps in runs.values()] == [["1", "2"]]
+    # Every checkpoint records its credit assignment.
+    journal = work / f"run-dphil-{best}-s0" / "checkpoints.jsonl"
+    assert all(json.loads(line)["advantage"]["mode"] == best for line in journal.read_text().splitlines())
+    # Stopped part-way through an evaluation (a torn journal), it carries on and trains nothing again.
+    test_file = work / "test-study.jsonl"
+    lines = test_file.read_text().splitlines(keepends=True)
+    test_file.write_text("".join(lines[:3]) + lines[3][:20])
+    (work / "test-all.shaped.jsonl").unlink()
+    (work / "test-all.paper.jsonl").unlink()
+    again = smoke(work, out)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "phase 1: 0 job(s)" in again.stderr and "phase 2 (" in again.stderr
+    assert "phase 3: 1 test rollout(s)" in again.stderr
+    assert sum(1 for line in test_file.read_text().splitlines() if line.strip()) == 8
+    resumed = json.loads((out / "summary.json").read_text())
+    assert resumed["shaped"]["cells"]["study/n=3"]["episodes"] == 4
