@@ -24,9 +24,7 @@ from dphil.io.console_scripts import locate
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-model", default="Qwen/Qwen3-0.6B")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--run-dir", type=Path, default=Path("bench/out/art-recipe"))

@@ -56,7 +56,8 @@ OPENAI_MODEL = "openai/bench"
 def start_server(latency: float) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "support" / "openai_server.py"), "--latency", str(latency)],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
@@ -68,8 +69,10 @@ def start_server(latency: float) -> tuple[subprocess.Popen, str]:
 
 def messages() -> list[dict]:
     prompt = builtin_prompt()
-    return [{"role": "system", "content": prompt.system("paper", 5, 0)},
-            {"role": "user", "content": observation_text(Table(5, 5).observe(0))}]
+    return [
+        {"role": "system", "content": prompt.system("paper", 5, 0)},
+        {"role": "user", "content": observation_text(Table(5, 5).observe(0))},
+    ]
 
 
 async def pool(calls: int, concurrency: int, one) -> tuple[float, float]:
@@ -108,8 +111,7 @@ async def bare(url: str, calls: int, concurrency: int) -> tuple[float, float]:
     return result
 
 
-async def gateway(url: str, calls: int, concurrency: int,
-                  model: str = SERVER_MODEL) -> tuple[float, float]:
+async def gateway(url: str, calls: int, concurrency: int, model: str = SERVER_MODEL) -> tuple[float, float]:
     spec = bench_spec(url, model)
     gw = Gateway(Limits(concurrency=concurrency, timeout=60))
     msgs, tools = messages(), tool_specs("paper")
@@ -123,8 +125,7 @@ async def gateway(url: str, calls: int, concurrency: int,
     return await pool(calls, concurrency * 2, one)
 
 
-async def episodes(url: str, calls: int, concurrency: int,
-                   memory: str = "none") -> tuple[float, float]:
+async def episodes(url: str, calls: int, concurrency: int, memory: str = "none") -> tuple[float, float]:
     spec = bench_spec(url, SERVER_MODEL)
     settings = AgentSettings(builtin_prompt(), memory=memory)
     variant = model_variant(spec, settings)
@@ -132,8 +133,7 @@ async def episodes(url: str, calls: int, concurrency: int,
     gw = Gateway(Limits(concurrency=concurrency, timeout=60))
 
     async def run(count: int, first: int) -> tuple[float, float]:
-        configs = [EpisodeConfig("bench", n, rounds=rounds, seed=first + k, variant=variant)
-                   for k in range(count)]
+        configs = [EpisodeConfig("bench", n, rounds=rounds, seed=first + k, variant=variant) for k in range(count)]
         records: list[dict] = []
         calls_before = gw.stats.calls
         cpu = time.process_time()
@@ -151,11 +151,15 @@ async def episodes(url: str, calls: int, concurrency: int,
 FIGURES = {
     "bare": (bare, "openai.AsyncOpenAI loop"),
     "gateway": (gateway, f"dphil Gateway via litellm, {SERVER_MODEL}, same request"),
-    "gateway openai/": (lambda u, c, k: gateway(u, c, k, OPENAI_MODEL),
-                        f"the same through litellm's OpenAI provider, {OPENAI_MODEL}"),
+    "gateway openai/": (
+        lambda u, c, k: gateway(u, c, k, OPENAI_MODEL),
+        f"the same through litellm's OpenAI provider, {OPENAI_MODEL}",
+    ),
     "episodes": (episodes, "run_models, N=5, R=5, --memory none"),
-    "episodes full": (lambda u, c, k: episodes(u, c, k, "full"),
-                      "run_models, N=5, R=5, --memory full (prompts grow each round)"),
+    "episodes full": (
+        lambda u, c, k: episodes(u, c, k, "full"),
+        "run_models, N=5, R=5, --memory full (prompts grow each round)",
+    ),
 }
 
 
@@ -164,8 +168,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--latency", type=float, default=0.1)
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="interleaved rounds; medians are reported")
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds; medians are reported")
     args = parser.parse_args()
     proc, url = start_server(args.latency)
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in FIGURES}
@@ -179,15 +182,19 @@ def main() -> None:
     ideal = args.concurrency / args.latency
     rate = {name: statistics.median(r for r, _ in got) for name, got in runs.items()}
     cpu = {name: statistics.median(c for _, c in got) for name, got in runs.items()}
-    print(f"server latency {args.latency * 1000:.0f} ms, concurrency {args.concurrency}, "
-          f"{args.calls} calls per figure, medians of {args.repeat} interleaved runs")
+    print(
+        f"server latency {args.latency * 1000:.0f} ms, concurrency {args.concurrency}, "
+        f"{args.calls} calls per figure, medians of {args.repeat} interleaved runs"
+    )
     print(f"{'ideal':16s}{ideal:8.1f} calls/s")
     for name, (_, what) in FIGURES.items():
-        share = (f"({rate[name] / ideal:6.1%} of ideal)" if name == "bare"
-                 else f"({rate[name] / rate['bare']:6.1%} of bare) ")
+        share = (
+            f"({rate[name] / ideal:6.1%} of ideal)"
+            if name == "bare"
+            else f"({rate[name] / rate['bare']:6.1%} of bare) "
+        )
         each = " ".join(f"{r:.0f}" for r, _ in runs[name])
-        print(f"{name:16s}{rate[name]:8.1f} calls/s  {share}  {cpu[name]:5.2f} ms CPU/call  "
-              f"{what}  [runs: {each}]")
+        print(f"{name:16s}{rate[name]:8.1f} calls/s  {share}  {cpu[name]:5.2f} ms CPU/call  {what}  [runs: {each}]")
 
 
 if __name__ == "__main__":

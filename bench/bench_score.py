@@ -64,8 +64,9 @@ def cli(src: str) -> float:
     start = time.perf_counter()
     with open(os.devnull, "wb") as fout:
         cat = subprocess.Popen(["cat", src], stdout=subprocess.PIPE)
-        score = subprocess.run([sys.executable, "-m", "dphil.commands.score", "--shaped"], stdin=cat.stdout,
-                               stdout=fout, check=True)
+        score = subprocess.run(
+            [sys.executable, "-m", "dphil.commands.score", "--shaped"], stdin=cat.stdout, stdout=fout, check=True
+        )
         cat.stdout.close()  # type: ignore[union-attr]
         cat.wait()
     assert score.returncode == 0

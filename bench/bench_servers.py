@@ -52,8 +52,7 @@ LLAMACPP_ALIASES = {"tools": "gemma-3-270m-llamacpp", "text": "gemma-3-270m-llam
 
 def dphil(*args: str, stdin: bytes | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     exe = locate(args[0]) or sys.exit(f"bench_servers: {args[0]} is not installed (pip install -e '.[real]')")
-    p = subprocess.run([exe, *args[1:]], input=stdin, capture_output=True,
-                       env={**os.environ, **(env or {})})
+    p = subprocess.run([exe, *args[1:]], input=stdin, capture_output=True, env={**os.environ, **(env or {})})
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(args[:3])}...: exit {p.returncode}: {p.stderr.decode()[-800:]}")
     return p
@@ -63,14 +62,27 @@ def round_one_messages(n: int, tools: bool, prompt_name: str) -> list[list[dict]
     """Every seat's first request of an episode: the system prompt and the first observation."""
     prompt = builtin_prompt(prompt_name)
     table = Table(n, 1)
-    return [[{"role": "system", "content": prompt.system("paper", n, i, tools=tools)},
-             {"role": "user", "content": observation_text(table.observe(i), {"messages": [], "talk": None},
-                                                           tools=tools)}]
-            for i in range(n)]
+    return [
+        [
+            {"role": "system", "content": prompt.system("paper", n, i, tools=tools)},
+            {
+                "role": "user",
+                "content": observation_text(table.observe(i), {"messages": [], "talk": None}, tools=tools),
+            },
+        ]
+        for i in range(n)
+    ]
 
 
-async def bare_loop(url: str, model: str, requests: list[list[dict]], params: dict, tools: bool,
-                    tool_choice: str | None, concurrency: int) -> dict:
+async def bare_loop(
+    url: str,
+    model: str,
+    requests: list[list[dict]],
+    params: dict,
+    tools: bool,
+    tool_choice: str | None,
+    concurrency: int,
+) -> dict:
     """The same requests straight to the server, `concurrency` at a time: its own speed."""
     import openai
 
@@ -91,26 +103,49 @@ async def bare_loop(url: str, model: str, requests: list[list[dict]], params: di
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - start
     await client.close()
-    return {"calls": len(requests), "concurrency": concurrency, "wall_s": round(wall, 2),
-            "calls_per_s": round(len(requests) / wall, 3),
-            "completion_tokens_per_s": round(completion_tokens / wall, 2),
-            "prompt_tokens_per_s": round(prompt_tokens / wall, 1)}
+    return {
+        "calls": len(requests),
+        "concurrency": concurrency,
+        "wall_s": round(wall, 2),
+        "calls_per_s": round(len(requests) / wall, 3),
+        "completion_tokens_per_s": round(completion_tokens / wall, 2),
+        "prompt_tokens_per_s": round(prompt_tokens / wall, 1),
+    }
 
 
 def parse_rates(episodes: list[dict]) -> dict:
     turns = [t for ep in episodes for t in ep["turns"]]
     legal = sum(1 for t in turns if t["action"] in ACTIONS)
     null = sum(1 for t in turns if t["action"] is None)
-    return {"turns": len(turns), "legal_share": round(legal / len(turns), 3) if turns else None,
-            "null_share": round(null / len(turns), 3) if turns else None}
+    return {
+        "turns": len(turns),
+        "legal_share": round(legal / len(turns), 3) if turns else None,
+        "null_share": round(null / len(turns), 3) if turns else None,
+    }
 
 
 def play(alias: str, n: int, args: argparse.Namespace, env: dict, out: Path) -> dict:
     """One cell through the real command; its episodes are appended to `out`."""
     start = time.perf_counter()
-    p = dphil("dphil-rollout", "-m", alias, "-n", str(n), "--episodes", str(args.episodes),
-              "--rounds", str(args.rounds), "--prompt", args.prompt,
-              "--concurrency", str(args.parallel), "--timeout", "900", "-q", env=env)
+    p = dphil(
+        "dphil-rollout",
+        "-m",
+        alias,
+        "-n",
+        str(n),
+        "--episodes",
+        str(args.episodes),
+        "--rounds",
+        str(args.rounds),
+        "--prompt",
+        args.prompt,
+        "--concurrency",
+        str(args.parallel),
+        "--timeout",
+        "900",
+        "-q",
+        env=env,
+    )
     wall = time.perf_counter() - start
     episodes = [json.loads(x) for x in p.stdout.decode().splitlines()]
     bad = [ep.get("error") for ep in episodes if ep["status"] != "complete"]
@@ -121,17 +156,37 @@ def play(alias: str, n: int, args: argparse.Namespace, env: dict, out: Path) -> 
     calls = sum(ep["usage"]["calls"] for ep in episodes)
     completion = sum(ep["usage"]["completion_tokens"] for ep in episodes)
     latencies = sorted(t["latency_s"] for ep in episodes for t in ep["turns"])
-    return {"model": alias, "n": n, "episodes": len(episodes), "calls": calls, "wall_s": round(wall, 1),
-            "calls_per_s": round(calls / wall, 3), "completion_tokens_per_s": round(completion / wall, 2),
-            "s_per_episode": round(wall / len(episodes), 1),
-            "median_latency_s": latencies[len(latencies) // 2] if latencies else None,
-            **parse_rates(episodes)}
+    return {
+        "model": alias,
+        "n": n,
+        "episodes": len(episodes),
+        "calls": calls,
+        "wall_s": round(wall, 1),
+        "calls_per_s": round(calls / wall, 3),
+        "completion_tokens_per_s": round(completion / wall, 2),
+        "s_per_episode": round(wall / len(episodes), 1),
+        "median_latency_s": latencies[len(latencies) // 2] if latencies else None,
+        **parse_rates(episodes),
+    }
 
 
-def bench_server(kind: str, server: LocalServer, aliases: dict[str, str], registry: Registry,
-                 args: argparse.Namespace, env: dict, out: Path) -> dict:
-    result: dict = {"server": kind, "url": server.url, "parallel": args.parallel, "threads": args.threads,
-                    "bare": [], "dphil": []}
+def bench_server(
+    kind: str,
+    server: LocalServer,
+    aliases: dict[str, str],
+    registry: Registry,
+    args: argparse.Namespace,
+    env: dict,
+    out: Path,
+) -> dict:
+    result: dict = {
+        "server": kind,
+        "url": server.url,
+        "parallel": args.parallel,
+        "threads": args.threads,
+        "bare": [],
+        "dphil": [],
+    }
     for mode, alias in aliases.items():
         spec = registry.resolve(alias)
         params = dict(spec.params)
@@ -139,10 +194,9 @@ def bench_server(kind: str, server: LocalServer, aliases: dict[str, str], regist
         # llama.cpp's slots: the N=3 requests once more, one at a time.
         levels = [(args.parallel, requests)]
         if kind == "llama.cpp" and args.parallel > 1 and mode == "text":
-            levels.append((1, requests[:args.sizes[0]]))
+            levels.append((1, requests[: args.sizes[0]]))
         for c, batch in levels:
-            r = asyncio.run(bare_loop(server.url, server.model, batch, params, spec.tools,
-                                      spec.tool_choice, c))
+            r = asyncio.run(bare_loop(server.url, server.model, batch, params, spec.tools, spec.tool_choice, c))
             result["bare"].append({"mode": mode, **r})
             print(f"{kind} bare {mode} c={c}: {r}", file=sys.stderr, flush=True)
         for n in args.sizes:
@@ -161,7 +215,8 @@ def transformers_registry(path: Path, server: LocalServer, llamacpp: Registry) -
         f'[models.gemma-3-270m-transformers]\nmodel = "hosted_vllm/{server.model}"\napi_base = "{server.url}"\n'
         f"params = {params}\n\n"
         f'[models.gemma-3-270m-transformers-text]\nmodel = "hosted_vllm/{server.model}"\n'
-        f'api_base = "{server.url}"\ntools = false\nparams = {params}\n')
+        f'api_base = "{server.url}"\ntools = false\nparams = {params}\n'
+    )
     return {"tools": "gemma-3-270m-transformers", "text": "gemma-3-270m-transformers-text"}
 
 
@@ -188,47 +243,99 @@ def main() -> None:
     env = {"DPHIL_MODELS": ""}
     if "llamacpp" in args.servers:
         with llamacpp_server(gguf, parallel=args.parallel, threads=args.threads) as server:
-            results.append(bench_server("llama.cpp", server, LLAMACPP_ALIASES, registry, args,
-                                        {**env, "DPHIL_GEMMA_LLAMACPP_URL": server.url}, episodes))
+            results.append(
+                bench_server(
+                    "llama.cpp",
+                    server,
+                    LLAMACPP_ALIASES,
+                    registry,
+                    args,
+                    {**env, "DPHIL_GEMMA_LLAMACPP_URL": server.url},
+                    episodes,
+                )
+            )
     if "transformers" in args.servers:
         with transformers_server(hf_dir, threads=args.threads) as server:
             reg = out / "transformers.toml"
             aliases = transformers_registry(reg, server, registry)
-            results.append(bench_server("transformers serve", server, aliases, Registry.load([reg], use_env=False),
-                                        args, {**env, "DPHIL_MODELS": str(reg)}, episodes))
+            results.append(
+                bench_server(
+                    "transformers serve",
+                    server,
+                    aliases,
+                    Registry.load([reg], use_env=False),
+                    args,
+                    {**env, "DPHIL_MODELS": str(reg)},
+                    episodes,
+                )
+            )
     sizes = ",".join(map(str, args.sizes))
-    base = dphil("dphil-rollout", *[a for m in BASELINES for a in ("-m", m)], "-n", sizes,  # same seeds
-                 "--episodes", str(args.episodes), "--rounds", str(args.rounds), "-q")
+    base = dphil(
+        "dphil-rollout",
+        *[a for m in BASELINES for a in ("-m", m)],
+        "-n",
+        sizes,  # same seeds
+        "--episodes",
+        str(args.episodes),
+        "--rounds",
+        str(args.rounds),
+        "-q",
+    )
     all_episodes = episodes.read_bytes() + base.stdout
     tables = {}
     for reward in ("paper", "shaped"):
         scored = dphil("dphil-score", "--reward", reward, "-q", stdin=all_episodes).stdout
         (out / f"episodes.scored.{reward}.jsonl").write_bytes(scored)
-        tables[reward] = dphil("dphil-stats", "-", "--by", "model,n", "--format", "markdown", "-q",
-                               stdin=scored).stdout.decode()
+        tables[reward] = dphil(
+            "dphil-stats", "-", "--by", "model,n", "--format", "markdown", "-q", stdin=scored
+        ).stdout.decode()
     episodes.unlink()
-    summary = {"episodes_per_cell": args.episodes, "rounds": args.rounds, "sizes": args.sizes,
-               "prompt": args.prompt,
-               "load_average_at_end": os.getloadavg(), "servers": results}
+    summary = {
+        "episodes_per_cell": args.episodes,
+        "rounds": args.rounds,
+        "sizes": args.sizes,
+        "prompt": args.prompt,
+        "load_average_at_end": os.getloadavg(),
+        "servers": results,
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    lines = ["| server | mode | N | legal | null | calls/s | completion tok/s | s/episode | bare calls/s "
-             "| dphil/bare |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| server | mode | N | legal | null | calls/s | completion tok/s | s/episode | bare calls/s | dphil/bare |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in results:
         bare = {b["mode"]: b for b in r["bare"] if b["concurrency"] == r["parallel"]}
         for d in r["dphil"]:
             b = bare[d["mode"]]
-            lines.append(f"| {r['server']} | {d['mode']} | {d['n']} | {d['legal_share']:.0%} | {d['null_share']:.0%} "
-                         f"| {d['calls_per_s']:.3f} | {d['completion_tokens_per_s']:.1f} | {d['s_per_episode']:.0f} "
-                         f"| {b['calls_per_s']:.3f} | {d['calls_per_s'] / b['calls_per_s']:.2f} |")
-    bare_lines = ["| server | mode | concurrency | calls/s | completion tok/s | prompt tok/s |",
-                  "| --- | --- | ---: | ---: | ---: | ---: |"]
+            lines.append(
+                f"| {r['server']} | {d['mode']} | {d['n']} | {d['legal_share']:.0%} | {d['null_share']:.0%} "
+                f"| {d['calls_per_s']:.3f} | {d['completion_tokens_per_s']:.1f} | {d['s_per_episode']:.0f} "
+                f"| {b['calls_per_s']:.3f} | {d['calls_per_s'] / b['calls_per_s']:.2f} |"
+            )
+    bare_lines = [
+        "| server | mode | concurrency | calls/s | completion tok/s | prompt tok/s |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
     for r in results:
         for b in r["bare"]:
-            bare_lines.append(f"| {r['server']} | {b['mode']} | {b['concurrency']} | {b['calls_per_s']:.3f} "
-                              f"| {b['completion_tokens_per_s']:.1f} | {b['prompt_tokens_per_s']:.0f} |")
-    md = "\n".join(["## dphil-rollout", *lines, "", "## bare loop", *bare_lines, "",
-                    "## paper reward", tables["paper"], "## shaped reward", tables["shaped"]])
+            bare_lines.append(
+                f"| {r['server']} | {b['mode']} | {b['concurrency']} | {b['calls_per_s']:.3f} "
+                f"| {b['completion_tokens_per_s']:.1f} | {b['prompt_tokens_per_s']:.0f} |"
+            )
+    md = "\n".join(
+        [
+            "## dphil-rollout",
+            *lines,
+            "",
+            "## bare loop",
+            *bare_lines,
+            "",
+            "## paper reward",
+            tables["paper"],
+            "## shaped reward",
+            tables["shaped"],
+        ]
+    )
     (out / "summary.md").write_text(md + "\n")
     print(md)
 

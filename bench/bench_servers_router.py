@@ -34,8 +34,17 @@ from dphil.agents.tools import tool_specs  # noqa: E402
 
 def start_server(latency: float, capacity: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "support" / "openai_server.py"), "--latency", str(latency),
-         "--capacity", str(capacity)], stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            str(ROOT / "tests" / "support" / "openai_server.py"),
+            "--latency",
+            str(latency),
+            "--capacity",
+            str(capacity),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
     if not url.startswith("http"):
@@ -46,8 +55,9 @@ def start_server(latency: float, capacity: int) -> tuple[subprocess.Popen, str]:
 
 async def throughput(bases: list[str], calls: int, concurrency: int) -> float:
     os.environ["DPHIL_BENCH_KEY"] = KEY
-    spec = ModelSpec(name="bench", model=SERVER_MODEL,
-                     api_base=bases[0] if len(bases) == 1 else bases, api_key_env="DPHIL_BENCH_KEY")
+    spec = ModelSpec(
+        name="bench", model=SERVER_MODEL, api_base=bases[0] if len(bases) == 1 else bases, api_key_env="DPHIL_BENCH_KEY"
+    )
     gw = Gateway(Limits(concurrency=concurrency, timeout=60, retries=0))
     msgs, tools = messages(), tool_specs("paper")
     answered: dict[str | None, int] = {}
@@ -93,13 +103,19 @@ def main() -> None:
             proc.wait()
     ideal = args.capacity / args.latency
     one, three = (statistics.median(runs[k]) for k in ("one", "three"))
-    print(f"server latency {args.latency * 1000:.0f} ms, capacity {args.capacity} at once "
-          f"(at most {ideal:.0f} calls/s each), concurrency {args.concurrency}, {args.calls} calls, "
-          f"medians of {args.repeat} interleaved runs")
-    print(f"one server     {one:7.1f} calls/s  ({one / ideal:5.1%} of its capacity)  "
-          f"[runs: {' '.join(f'{r:.0f}' for r in runs['one'])}]")
-    print(f"three servers  {three:7.1f} calls/s  ({three / one:4.2f}x one; ideal 3x)  "
-          f"[runs: {' '.join(f'{r:.0f}' for r in runs['three'])}]")
+    print(
+        f"server latency {args.latency * 1000:.0f} ms, capacity {args.capacity} at once "
+        f"(at most {ideal:.0f} calls/s each), concurrency {args.concurrency}, {args.calls} calls, "
+        f"medians of {args.repeat} interleaved runs"
+    )
+    print(
+        f"one server     {one:7.1f} calls/s  ({one / ideal:5.1%} of its capacity)  "
+        f"[runs: {' '.join(f'{r:.0f}' for r in runs['one'])}]"
+    )
+    print(
+        f"three servers  {three:7.1f} calls/s  ({three / one:4.2f}x one; ideal 3x)  "
+        f"[runs: {' '.join(f'{r:.0f}' for r in runs['three'])}]"
+    )
 
 
 if __name__ == "__main__":

@@ -75,8 +75,9 @@ print(first if first is not None else total, total, resource.getrusage(resource.
 
 def measure(args: list[str], *, shell: bool = False) -> tuple[float, float, int, int]:
     """(seconds to the first output byte, seconds to exit, peak RSS in KiB, output bytes) of one run."""
-    out = subprocess.run([sys.executable, "-c", _CHILD, "shell" if shell else "exec", *args],
-                         capture_output=True, check=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, "shell" if shell else "exec", *args], capture_output=True, check=True, text=True
+    )
     first, total, rss, size, rc = out.stdout.split()
     assert int(rc) == 0, (args, rc)
     return float(first), float(total), int(rss), int(size)
@@ -92,8 +93,11 @@ def main() -> None:
         src = os.path.join(tmp, "episodes.jsonl")
         t0 = time.perf_counter()
         last = make_file(src, args.episodes)
-        print(f"{args.episodes:,} episodes, {os.path.getsize(src) / 2**20:.0f} MiB, "
-              f"made in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(
+            f"{args.episodes:,} episodes, {os.path.getsize(src) / 2**20:.0f} MiB, "
+            f"made in {time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
         page = os.path.join(tmp, "page.html")
         cases = {
             "python -c pass": ([sys.executable, "-c", "pass"], False),

@@ -113,24 +113,52 @@ def main() -> None:
         if not os.path.exists(path):
             start = time.perf_counter()
             build(path, args.episodes, args.cell_major)
-            print(f"built {args.episodes:,} scored episodes ({os.path.getsize(path) / 1e9:.2f} GB) "
-                  f"in {time.perf_counter() - start:.1f} s", flush=True)
+            print(
+                f"built {args.episodes:,} scored episodes ({os.path.getsize(path) / 1e9:.2f} GB) "
+                f"in {time.perf_counter() - start:.1f} s",
+                flush=True,
+            )
         plain = [sys.executable, "-c", "import sys, polars; polars.read_ndjson(sys.argv[1])", path]
-        ours = [*stats_command(), path, "-q", "-o", os.devnull,
-                "--compare", "model", "scripted:naive", "scripted:hierarchy"]
+        ours = [
+            *stats_command(),
+            path,
+            "-q",
+            "-o",
+            os.devnull,
+            "--compare",
+            "model",
+            "scripted:naive",
+            "scripted:hierarchy",
+        ]
         if args.html:
-            html = [*stats_command(), path, "-q", "--format", "html", "-o", path + ".html",
-                    "--compare", "model", "scripted:naive", "scripted:hierarchy"]
+            html = [
+                *stats_command(),
+                path,
+                "-q",
+                "--format",
+                "html",
+                "-o",
+                path + ".html",
+                "--compare",
+                "model",
+                "scripted:naive",
+                "scripted:hierarchy",
+            ]
             runs: dict[str, list[tuple[float, float]]] = {"records": [], "html": []}
             for _ in range(args.repeat):
                 runs["records"].append(timed_rss(ours))
                 runs["html"].append(timed_rss(html))
             for name, got in runs.items():
-                print(f"dphil-stats {name:8}: {min(t for t, _ in got):7.2f} s best, "
-                      f"peak {max(m for _, m in got):7.0f} MB", flush=True)
+                print(
+                    f"dphil-stats {name:8}: {min(t for t, _ in got):7.2f} s best, "
+                    f"peak {max(m for _, m in got):7.0f} MB",
+                    flush=True,
+                )
             size = os.path.getsize(path + ".html") / 1e6
-            print(f"page: {size:.2f} MB; html/records: "
-                  f"{min(t for t, _ in runs['html']) / min(t for t, _ in runs['records']):.2f}x")
+            print(
+                f"page: {size:.2f} MB; html/records: "
+                f"{min(t for t, _ in runs['html']) / min(t for t, _ in runs['records']):.2f}x"
+            )
             os.unlink(path + ".html")
             return
         t_plain = min(timed(plain) for _ in range(args.repeat))

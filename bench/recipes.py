@@ -49,16 +49,40 @@ from train_curve import ROOT, build_model, check, read_jsonl, rel, run_jobs, too
 
 SIZES = {
     # steps, groups, group size, rounds, seeds, val seeds, test seeds per N, val every
-    "full": dict(steps=8, groups=2, group_size=6, rounds=6, seeds="0,1,2",
-                 val_seeds="100000-100005", test_seeds="200000-200031", val_every=2,
-                 ablations="other,episode,paper,fixed5,last"),
-    "smoke": dict(steps=2, groups=2, group_size=2, rounds=3, seeds="0",
-                  val_seeds="100000-100001", test_seeds="200000-200003", val_every=1,
-                  ablations="other,last"),
+    "full": dict(
+        steps=8,
+        groups=2,
+        group_size=6,
+        rounds=6,
+        seeds="0,1,2",
+        val_seeds="100000-100005",
+        test_seeds="200000-200031",
+        val_every=2,
+        ablations="other,episode,paper,fixed5,last",
+    ),
+    "smoke": dict(
+        steps=2,
+        groups=2,
+        group_size=2,
+        rounds=3,
+        seeds="0",
+        val_seeds="100000-100001",
+        test_seeds="200000-200003",
+        val_every=1,
+        ablations="other,last",
+    ),
     # The study's sizes, on a GPU through ART: Qwen3-14B, N=5, 5 rounds, 16 steps of 2x3.
-    "gpu": dict(steps=16, groups=2, group_size=3, rounds=5, seeds="0,1,2",
-                val_seeds="100000-100015", test_seeds="200000-200029", val_every=2,
-                ablations="other,episode,paper,fixed5,last"),
+    "gpu": dict(
+        steps=16,
+        groups=2,
+        group_size=3,
+        rounds=5,
+        seeds="0,1,2",
+        val_seeds="100000-100015",
+        test_seeds="200000-200029",
+        val_every=2,
+        ablations="other,episode,paper,fixed5,last",
+    ),
 }
 ABLATIONS = ("other", "episode", "paper", "fixed5", "last")
 PROMPT = "Seat $seat of $n.\n$answer\n"
@@ -95,8 +119,13 @@ def arms(best: str, ablations: set[str]) -> dict[str, tuple[str, str]]:
         "abl-fixed5": ("abl-fixed5", "val"),
         "abl-last": (f"dphil-{best}", "last"),
     }
-    wanted = {"other": f"abl-{other}", "episode": "abl-episode", "paper": "abl-paper",
-              "fixed5": "abl-fixed5", "last": "abl-last"}
+    wanted = {
+        "other": f"abl-{other}",
+        "episode": "abl-episode",
+        "paper": "abl-paper",
+        "fixed5": "abl-fixed5",
+        "last": "abl-last",
+    }
     keep = {"study", "dphil", *(wanted[a] for a in ablations)}
     return {k: v for k, v in every.items() if k in keep}
 
@@ -136,24 +165,65 @@ class Experiment:
         prompt = self.work / "prompt.txt"
         if not prompt.exists():
             atomic_write(prompt, PROMPT)
-        return ["--rounds", str(s["rounds"]), "--prompt-file", rel(prompt), "--memory", "none",
-                "--threads", "1", "--decode", "constrained"]
+        return [
+            "--rounds",
+            str(s["rounds"]),
+            "--prompt-file",
+            rel(prompt),
+            "--memory",
+            "none",
+            "--threads",
+            "1",
+            "--decode",
+            "constrained",
+        ]
 
     def train_job(self, name: str, recipe: dict, seed: int, model: str) -> tuple[str, list[str]] | None:
         s = self.size
         run_dir = self.work / f"run-{name}-s{seed}"
         if len(journal(run_dir)) >= s["steps"]:
             return None  # done
-        backend = ["--backend", "art", "--max-new-tokens", "256"] if self.args.gpu else [
-            "--backend", "peft", "--lr", str(self.args.lr), "--micro-batch", "96"]
-        return (f"train-{name}-s{seed}", [
-            tool("dphil-train"), "-q", *backend, "--base-model", model, "--run-dir", rel(run_dir),
-            "--run", f"{name}-s{seed}", "--reward", recipe["reward"], "--advantage", recipe["advantage"],
-            *recipe["sizes"], "--seed", str(seed), "--steps", str(s["steps"]),
-            "--groups", str(s["groups"]), "--group-size", str(s["group_size"]),
-            "--val-every", str(s["val_every"]), "--val-seeds", s["val_seeds"], "--val-n", "3,5",
-            *self.common(), "--episodes-out", rel(self.work / f"ep-{name}-s{seed}.jsonl"),
-        ])
+        backend = (
+            ["--backend", "art", "--max-new-tokens", "256"]
+            if self.args.gpu
+            else ["--backend", "peft", "--lr", str(self.args.lr), "--micro-batch", "96"]
+        )
+        return (
+            f"train-{name}-s{seed}",
+            [
+                tool("dphil-train"),
+                "-q",
+                *backend,
+                "--base-model",
+                model,
+                "--run-dir",
+                rel(run_dir),
+                "--run",
+                f"{name}-s{seed}",
+                "--reward",
+                recipe["reward"],
+                "--advantage",
+                recipe["advantage"],
+                *recipe["sizes"],
+                "--seed",
+                str(seed),
+                "--steps",
+                str(s["steps"]),
+                "--groups",
+                str(s["groups"]),
+                "--group-size",
+                str(s["group_size"]),
+                "--val-every",
+                str(s["val_every"]),
+                "--val-seeds",
+                s["val_seeds"],
+                "--val-n",
+                "3,5",
+                *self.common(),
+                "--episodes-out",
+                rel(self.work / f"ep-{name}-s{seed}.jsonl"),
+            ],
+        )
 
     def select(self, recipe: str, rule: str, seed: int) -> Path:
         """dphil-ckpt-select --by val (on the run's validation episodes) or --by last; atomic, once."""
@@ -173,11 +243,25 @@ class Experiment:
             return None
         # On a GPU the adapters ART trained on free text are evaluated on free text too.
         batch = ["--decode", "free"] if self.args.gpu else ["--batch", "32", "--threads", "1"]
-        return (f"test-{arm}-{path.stem}", [
-            tool("dphil-rollout"), "-q", *source, "--seeds", s["test_seeds"], "-n", "3,5",
-            "--tag", f"recipe={arm}", *self.common(), *batch,
-            "-o", rel(path), "--resume",
-        ])
+        return (
+            f"test-{arm}-{path.stem}",
+            [
+                tool("dphil-rollout"),
+                "-q",
+                *source,
+                "--seeds",
+                s["test_seeds"],
+                "-n",
+                "3,5",
+                "--tag",
+                f"recipe={arm}",
+                *self.common(),
+                *batch,
+                "-o",
+                rel(path),
+                "--resume",
+            ],
+        )
 
     # -- the experiment --------------------------------------------------------------------------
     def run(self) -> None:
@@ -186,18 +270,22 @@ class Experiment:
         width = 1 if self.args.gpu else self.args.jobs  # one ART trainer per GPU
         # Phase 1: the recipes that do not depend on the validation choice, and the base model.
         first = recipes(self.size["steps"], None, self.ablations)
-        jobs = [j for name, r in first.items() for seed in self.seeds
-                if (j := self.train_job(name, r, seed, model))]
+        jobs = [j for name, r in first.items() for seed in self.seeds if (j := self.train_job(name, r, seed, model))]
         base_path = self.work / "test-base.jsonl"
-        if (j := self.test_job("base", ["-m", f"hf:{model}"], base_path)):
+        if j := self.test_job("base", ["-m", f"hf:{model}"], base_path):
             jobs.append(j)
         say(f"phase 1: {len(jobs)} job(s)")
         run_jobs(jobs, width, self.logs)
         # The better credit assignment, on validation only (never the test seeds).
         best = self.choose()
         full = recipes(self.size["steps"], best, self.ablations)
-        jobs = [j for name, r in full.items() if r.get("after_choice") for seed in self.seeds
-                if (j := self.train_job(name, r, seed, model))]
+        jobs = [
+            j
+            for name, r in full.items()
+            if r.get("after_choice")
+            for seed in self.seeds
+            if (j := self.train_job(name, r, seed, model))
+        ]
         say(f"phase 2 (advantage chosen on validation: {best}): {len(jobs)} job(s)")
         run_jobs(jobs, width, self.logs)
         self.check_seeds(full)
@@ -208,7 +296,7 @@ class Experiment:
             sels = [self.select(recipe, rule, seed) for seed in self.seeds]
             path = self.work / f"test-{arm}.jsonl"
             source = [x for sel in sels for x in ("--checkpoints", rel(sel))]
-            if (j := self.test_job(arm, source, path)):
+            if j := self.test_job(arm, source, path):
                 jobs.append(j)
             arm_files[arm] = path
         say(f"phase 3: {len(jobs)} test rollout(s)")
@@ -225,9 +313,18 @@ class Experiment:
             picked = [read_jsonl(self.select(f"dphil-{mode}", "val", seed))[0] for seed in self.seeds]
             scores[mode] = mean(p["selection"]["score"] for p in picked)
         best = max(scores, key=lambda m: (scores[m], m == "philosopher"))
-        atomic_write(path, json.dumps({"advantage": best, "val_scores": scores,
-                                       "how": "mean over training seeds of the validation score "
-                                              "(shaped reward) of the checkpoint --by val keeps"}) + "\n")
+        atomic_write(
+            path,
+            json.dumps(
+                {
+                    "advantage": best,
+                    "val_scores": scores,
+                    "how": "mean over training seeds of the validation score "
+                    "(shaped reward) of the checkpoint --by val keeps",
+                }
+            )
+            + "\n",
+        )
         return best
 
     def check_seeds(self, full: dict) -> None:
@@ -242,36 +339,55 @@ class Experiment:
     # -- results ---------------------------------------------------------------------------------
     def report(self, best: str, full: dict, arm_files: dict[str, Path], seconds: float) -> None:
         order = ["base", "study", "dphil", *[a for a in arm_files if a.startswith("abl-")]]
-        compares = [("base", "study"), ("base", "dphil"), ("study", "dphil"),
-                    *[("dphil", a) for a in order if a.startswith("abl-")]]
+        compares = [
+            ("base", "study"),
+            ("base", "dphil"),
+            ("study", "dphil"),
+            *[("dphil", a) for a in order if a.startswith("abl-")],
+        ]
         summary: dict = {
             "command": "python bench/recipes.py " + " ".join(sys.argv[1:]),
-            "size": self.size, "seeds": self.seeds, "advantage_choice": json.loads(
-                (self.work / "choice.json").read_text()),
-            "recipes": full, "arms": {a: list(v) for a, v in arms(best, self.ablations).items()},
-            "model": self.args.base_model if self.args.gpu else
-            "tests/support/tinymodel.py tiny random Qwen3 + single-token action names (bench/train_curve.py)",
-            "lr": self.args.lr, "seconds": round(seconds),
+            "size": self.size,
+            "seeds": self.seeds,
+            "advantage_choice": json.loads((self.work / "choice.json").read_text()),
+            "recipes": full,
+            "arms": {a: list(v) for a, v in arms(best, self.ablations).items()},
+            "model": self.args.base_model
+            if self.args.gpu
+            else "tests/support/tinymodel.py tiny random Qwen3 + single-token action names (bench/train_curve.py)",
+            "lr": self.args.lr,
+            "seconds": round(seconds),
         }
         for yardstick in ("shaped", "paper"):
             scored = self.work / f"test-all.{yardstick}.jsonl"
             if not scored.exists():
-                check([tool("dphil-score"), "-q", "--reward", yardstick,
-                       *[rel(arm_files[a]) for a in order], "-o", rel(scored)])
+                check(
+                    [
+                        tool("dphil-score"),
+                        "-q",
+                        "--reward",
+                        yardstick,
+                        *[rel(arm_files[a]) for a in order],
+                        "-o",
+                        rel(scored),
+                    ]
+                )
             args = [tool("dphil-stats"), "-q", rel(scored), "--by", "recipe,n"]
             for a, b in compares:
                 args += ["--compare", "recipe", a, b]
             table = check([*args, "--format", "markdown"])
             atomic_write(self.out / f"table-{yardstick}.md", table)
             records = [json.loads(line) for line in check(args).splitlines()]
-            atomic_write(self.out / f"stats-{yardstick}.jsonl",
-                         "".join(json.dumps(r) + "\n" for r in records))
+            atomic_write(self.out / f"stats-{yardstick}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
             summary[yardstick] = digest(records)
-        summary["training"] = {name: {f"s{seed}": curve(journal(self.work / f"run-{name}-s{seed}"))
-                                      for seed in self.seeds} for name in full}
+        summary["training"] = {
+            name: {f"s{seed}": curve(journal(self.work / f"run-{name}-s{seed}")) for seed in self.seeds}
+            for name in full
+        }
         summary["selected_steps"] = {
             arm: [read_jsonl(self.select(recipe, rule, seed))[0]["step"] for seed in self.seeds]
-            for arm, (recipe, rule) in arms(best, self.ablations).items()}
+            for arm, (recipe, rule) in arms(best, self.ablations).items()
+        }
         atomic_write(self.out / "summary.json", json.dumps(summary, indent=1) + "\n")
         plot_curves(summary, self.out)
         say(f"done in {seconds:.0f}s: {rel(self.out)}")
@@ -280,21 +396,36 @@ class Experiment:
 
 def digest(records: list[dict]) -> dict:
     """The numbers the README quotes, from dphil-stats' own records."""
-    cells = {f"{r['recipe']}/n={r['n']}": {k: r.get(k) for k in (
-        "episodes", "reward_mean", "reward_ci", "meals_mean", "deadlock_rate", "degenerate_rate")}
-        for r in records if r["kind"] == "cell"}
+    cells = {
+        f"{r['recipe']}/n={r['n']}": {
+            k: r.get(k)
+            for k in ("episodes", "reward_mean", "reward_ci", "meals_mean", "deadlock_rate", "degenerate_rate")
+        }
+        for r in records
+        if r["kind"] == "cell"
+    }
     comps = {}
     for r in records:
         if r["kind"] != "comparison":
             continue
-        comps[f"{r['a']} vs {r['b']} n={r.get('n')}"] = {k: r.get(k) for k in (
-            "diff", "p_value", "p_adjusted", "hedges_g", "hedges_g_ci", "paired")}
+        comps[f"{r['a']} vs {r['b']} n={r.get('n')}"] = {
+            k: r.get(k) for k in ("diff", "p_value", "p_adjusted", "hedges_g", "hedges_g_ci", "paired")
+        }
     return {"cells": cells, "comparisons": comps}
 
 
 def curve(records: list[dict]) -> dict:
-    keys = ("train_reward", "train_meals_mean", "train_deadlock_rate", "val_reward", "val_meals_mean",
-            "val_deadlock_rate", "advantage_tied_groups", "advantage_groups", "n")
+    keys = (
+        "train_reward",
+        "train_meals_mean",
+        "train_deadlock_rate",
+        "val_reward",
+        "val_meals_mean",
+        "val_deadlock_rate",
+        "advantage_tied_groups",
+        "advantage_groups",
+        "n",
+    )
     return {str(r["step"]): {k: r.get(k) for k in keys if k in r} for r in records}
 
 
@@ -305,9 +436,14 @@ def plot_curves(summary: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("train_reward", "training reward (own)"), ("val_reward", "validation reward (own)"),
-              ("train_meals_mean", "meals / training episode"), ("val_meals_mean", "meals / val episode"),
-              ("train_deadlock_rate", "deadlock rate, training"), ("val_deadlock_rate", "deadlock rate, val")]
+    panels = [
+        ("train_reward", "training reward (own)"),
+        ("val_reward", "validation reward (own)"),
+        ("train_meals_mean", "meals / training episode"),
+        ("val_meals_mean", "meals / val episode"),
+        ("train_deadlock_rate", "deadlock rate, training"),
+        ("val_deadlock_rate", "deadlock rate, val"),
+    ]
     for name, runs in summary["training"].items():
         fig, axes = plt.subplots(3, 2, figsize=(10, 8.5), sharex=True)
         for ax, (key, title) in zip(axes.flat, panels, strict=True):
@@ -321,16 +457,14 @@ def plot_curves(summary: dict, out: Path) -> None:
                 series.append(dict(pts))
             common = sorted(set.intersection(*(set(s) for s in series))) if series else []
             if common:
-                ax.plot(common, [mean(s[x] for s in series) for x in common], lw=2.4, color="black",
-                        label="mean")
+                ax.plot(common, [mean(s[x] for s in series) for x in common], lw=2.4, color="black", label="mean")
             ax.set_title(title, fontsize=10)
             ax.grid(alpha=0.3)
         axes[0, 0].legend(fontsize=8)
         for ax in axes[-1]:
             ax.set_xlabel("step")
         r = summary["recipes"][name]
-        fig.suptitle(f"{name}: reward {r['reward']}, --advantage {r['advantage']}, "
-                     f"{' '.join(r['sizes'])}", fontsize=11)
+        fig.suptitle(f"{name}: reward {r['reward']}, --advantage {r['advantage']}, {' '.join(r['sizes'])}", fontsize=11)
         fig.tight_layout()
         tmp = out / f".curve-{name}.png"
         fig.savefig(tmp, dpi=80)
@@ -355,8 +489,7 @@ def journal(run_dir: Path) -> list[dict]:
     path = run_dir / "checkpoints.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines()
-            if line.strip() and line.endswith("}")]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip() and line.endswith("}")]
 
 
 def complete_lines(path: Path) -> int:
@@ -378,18 +511,26 @@ def expand(text: str) -> list[int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="A tiny size that runs end to end in minutes.")
-    ap.add_argument("--gpu", action="store_true",
-                    help="ART on a CUDA GPU at the study's sizes (needs openpipe-art[backend]).")
+    ap.add_argument(
+        "--gpu", action="store_true", help="ART on a CUDA GPU at the study's sizes (needs openpipe-art[backend])."
+    )
     ap.add_argument("--base-model", default="Qwen/Qwen3-14B", help="--gpu: the model to train.")
     ap.add_argument("--seeds", default=None, help="Training seeds (comma list) [default: per size].")
-    ap.add_argument("--ablations", default=None, metavar="LIST",
-                    help=f"Ablation arms, from {','.join(ABLATIONS)} or none [default: all; smoke: "
-                         "other,last].")
+    ap.add_argument(
+        "--ablations",
+        default=None,
+        metavar="LIST",
+        help=f"Ablation arms, from {','.join(ABLATIONS)} or none [default: all; smoke: other,last].",
+    )
     ap.add_argument("--lr", type=float, default=3e-3, help="peft learning rate (tiny model).")
     ap.add_argument("--jobs", type=int, default=2, help="Commands in parallel (1 thread each).")
     ap.add_argument("--work", type=Path, default=None, help="Work files [bench/out/recipes[-smoke]].")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="Tables, plots, summary [bench/results/recipes[-gpu]; smoke: WORK/results].")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="Tables, plots, summary [bench/results/recipes[-gpu]; smoke: WORK/results].",
+    )
     args = ap.parse_args()
     if args.smoke and args.gpu:
         ap.error("--smoke and --gpu are different sizes")

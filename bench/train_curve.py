@@ -128,8 +128,7 @@ def _run_jobs(pending: list, running: dict, took: dict, width: int, logs: Path, 
         while pending and len(running) < width:
             name, cmd = pending.pop(0)
             log = (logs / f"{name}.log").open("w")
-            running[name] = (subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, env=env),
-                             time.monotonic(), log)
+            running[name] = (subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, env=env), time.monotonic(), log)
             print(f"  started {name}", file=sys.stderr)
         time.sleep(1)
         for name, (proc, started, log) in list(running.items()):
@@ -168,9 +167,7 @@ def per_step(rows: list[dict], split: str, field: str) -> dict[int, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("-n", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=8)
@@ -182,8 +179,12 @@ def main() -> None:
     ap.add_argument("--val-seeds", default="100000-100015")
     ap.add_argument("--jobs", type=int, default=2, help="Training runs in parallel (1 thread each).")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "train_curve")
-    ap.add_argument("--work", type=Path, default=ROOT / "bench" / "out" / "train_curve",
-                    help="Model, adapters, episodes, logs (large; not committed).")
+    ap.add_argument(
+        "--work",
+        type=Path,
+        default=ROOT / "bench" / "out" / "train_curve",
+        help="Model, adapters, episodes, logs (large; not committed).",
+    )
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     t0 = time.monotonic()
@@ -200,66 +201,156 @@ def main() -> None:
     prompt = args.work / "prompt.txt"
     prompt.write_text(PROMPT)
     model = build_model(args.work)
-    common = ["-n", str(args.n), "--rounds", str(args.rounds), "--prompt-file", rel(prompt),
-              "--memory", "none", "--threads", "1", "--decode", "constrained"]
+    common = [
+        "-n",
+        str(args.n),
+        "--rounds",
+        str(args.rounds),
+        "--prompt-file",
+        rel(prompt),
+        "--memory",
+        "none",
+        "--threads",
+        "1",
+        "--decode",
+        "constrained",
+    ]
 
     runs = {f"{v}-s{s}": (v, s) for v in VARIANTS for s in seeds}
     jobs = [
-        ("base-val", [tool("dphil-rollout"), "-q", "-m", f"hf:{rel(model)}", "--seeds",
-                      args.val_seeds, "--batch", "16", *common,
-                      "-o", rel(args.work / "ep-base.jsonl")])
+        (
+            "base-val",
+            [
+                tool("dphil-rollout"),
+                "-q",
+                "-m",
+                f"hf:{rel(model)}",
+                "--seeds",
+                args.val_seeds,
+                "--batch",
+                "16",
+                *common,
+                "-o",
+                rel(args.work / "ep-base.jsonl"),
+            ],
+        )
     ]
     for name, (variant, seed) in runs.items():
-        jobs.append((name, [
-            tool("dphil-train"), "--backend", "peft", "--base-model", rel(model),
-            "--run-dir", rel(args.work / f"run-{name}"), "--run", name, "--reward", variant,
-            "--seed", str(seed), "--steps", str(args.steps), "--groups", str(args.groups),
-            "--group-size", str(args.group_size), "--lr", str(args.lr), "--micro-batch", "96",
-            "--val-every", str(args.val_every), "--val-seeds", args.val_seeds, *common,
-            "--episodes-out", rel(args.work / f"ep-{name}.jsonl"),
-            "-o", rel(args.work / f"ckpts-{name}.jsonl"),
-        ]))
+        jobs.append(
+            (
+                name,
+                [
+                    tool("dphil-train"),
+                    "--backend",
+                    "peft",
+                    "--base-model",
+                    rel(model),
+                    "--run-dir",
+                    rel(args.work / f"run-{name}"),
+                    "--run",
+                    name,
+                    "--reward",
+                    variant,
+                    "--seed",
+                    str(seed),
+                    "--steps",
+                    str(args.steps),
+                    "--groups",
+                    str(args.groups),
+                    "--group-size",
+                    str(args.group_size),
+                    "--lr",
+                    str(args.lr),
+                    "--micro-batch",
+                    "96",
+                    "--val-every",
+                    str(args.val_every),
+                    "--val-seeds",
+                    args.val_seeds,
+                    *common,
+                    "--episodes-out",
+                    rel(args.work / f"ep-{name}.jsonl"),
+                    "-o",
+                    rel(args.work / f"ckpts-{name}.jsonl"),
+                ],
+            )
+        )
     # Longest first: the training runs, then the short baseline.
     took = run_jobs(jobs[1:] + jobs[:1], args.jobs, args.work / "logs")
 
     # Every episode scored under both yardsticks, then summarised per step by dphil-stats.
     for name in ["base", *runs]:
         for y in VARIANTS:
-            check([tool("dphil-score"), "-q", "--reward", y, rel(args.work / f"ep-{name}.jsonl"),
-                   "-o", rel(args.work / f"ep-{name}.{y}.jsonl")])
+            check(
+                [
+                    tool("dphil-score"),
+                    "-q",
+                    "--reward",
+                    y,
+                    rel(args.work / f"ep-{name}.jsonl"),
+                    "-o",
+                    rel(args.work / f"ep-{name}.{y}.jsonl"),
+                ]
+            )
     base = {y: cells(args.work / f"ep-base.{y}.jsonl", "model")[0] for y in VARIANTS}
 
     summary: dict = {
         "command": "python bench/train_curve.py " + " ".join(sys.argv[1:]),
         "setup": {
             "model": "tests/support/tinymodel.py build_tiny_model (random Qwen3, hidden 96, 2 layers) "
-                     "+ the 4 multi-token action names added as single tokens",
-            "n": args.n, "rounds": args.rounds, "steps": args.steps, "groups": args.groups,
-            "group_size": args.group_size, "lr": args.lr, "lora_rank": 8, "seeds": seeds,
-            "val_every": args.val_every, "val_seeds": args.val_seeds, "prompt": PROMPT,
-            "decode": "constrained", "memory": "none",
+            "+ the 4 multi-token action names added as single tokens",
+            "n": args.n,
+            "rounds": args.rounds,
+            "steps": args.steps,
+            "groups": args.groups,
+            "group_size": args.group_size,
+            "lr": args.lr,
+            "lora_rank": 8,
+            "seeds": seeds,
+            "val_every": args.val_every,
+            "val_seeds": args.val_seeds,
+            "prompt": PROMPT,
+            "decode": "constrained",
+            "memory": "none",
             "x_axis": "adapter step: training episodes of step k are played with adapter k-1; "
-                      "validation at step k with adapter k; step 0 is the base model",
+            "validation at step k with adapter k; step 0 is the base model",
         },
-        "base_val": {y: {"reward": base[y]["reward_mean"], "meals": base[y]["meals_mean"],
-                         "deadlock_rate": base[y]["deadlock_rate"]} for y in VARIANTS},
+        "base_val": {
+            y: {
+                "reward": base[y]["reward_mean"],
+                "meals": base[y]["meals_mean"],
+                "deadlock_rate": base[y]["deadlock_rate"],
+            }
+            for y in VARIANTS
+        },
         "runs": {},
     }
     for name, (variant, seed) in runs.items():
         ckpts = read_jsonl(args.work / f"ckpts-{name}.jsonl")
-        scored = {y: cells(args.work / f"ep-{name}.{y}.jsonl", "split,checkpoint_step")
-                  for y in VARIANTS}
+        scored = {y: cells(args.work / f"ep-{name}.{y}.jsonl", "split,checkpoint_step") for y in VARIANTS}
         own = scored[variant]
-        chosen = json.loads(check([
-            tool("dphil-ckpt-select"), "-q", "--by", "val", "--run", name,
-            rel(args.work / f"ckpts-{name}.jsonl"), rel(args.work / f"ep-{name}.{variant}.jsonl"),
-        ]))
+        chosen = json.loads(
+            check(
+                [
+                    tool("dphil-ckpt-select"),
+                    "-q",
+                    "--by",
+                    "val",
+                    "--run",
+                    name,
+                    rel(args.work / f"ckpts-{name}.jsonl"),
+                    rel(args.work / f"ep-{name}.{variant}.jsonl"),
+                ]
+            )
+        )
         sel, best = chosen["selection"], chosen["step"]
         last = sel["last_step"]
         val_meals = per_step(own, "val", "meals_mean")
         val_dl = per_step(own, "val", "deadlock_rate")
         summary["runs"][name] = {
-            "train_reward": variant, "seed": seed, "seconds": round(took[name]),
+            "train_reward": variant,
+            "seed": seed,
+            "seconds": round(took[name]),
             "train": {
                 "reward_own": per_step(own, "train", "reward_mean"),
                 "reward_paper": per_step(scored["paper"], "train", "reward_mean"),
@@ -275,13 +366,20 @@ def main() -> None:
                 "deadlock_rate": val_dl,
             },
             "selection": {
-                "by": "val", "metric": f"reward ({variant})", "best_step": best,
-                "best_score": sel["score"], "best_ci": sel["ci"], "last_step": last,
-                "last_score": sel["last_score"], "last_rank": sel["last_rank"],
+                "by": "val",
+                "metric": f"reward ({variant})",
+                "best_step": best,
+                "best_score": sel["score"],
+                "best_ci": sel["ci"],
+                "last_step": last,
+                "last_score": sel["last_score"],
+                "last_rank": sel["last_rank"],
                 "candidates": sel["candidates"],
                 "cost_of_keeping_last": sel["score"] - sel["last_score"],
-                "best_val_meals": val_meals[best], "last_val_meals": val_meals[last],
-                "best_val_deadlock_rate": val_dl[best], "last_val_deadlock_rate": val_dl[last],
+                "best_val_meals": val_meals[best],
+                "last_val_meals": val_meals[last],
+                "best_val_deadlock_rate": val_dl[best],
+                "last_val_deadlock_rate": val_dl[last],
             },
         }
     summary["by_reward"] = aggregate(summary["runs"], args.steps)
@@ -310,10 +408,13 @@ def aggregate(runs: dict, steps: int) -> dict:
             return mean(v for r in rs for s, v in r[section][field].items() if lo <= int(s) < hi)
 
         out[variant] = {
-            f"train_first_{k}_steps": {f: window("train", f, 0, k) for f in
-                                       ("reward_paper", "reward_shaped", "meals", "deadlock_rate")},
-            f"train_last_{k}_steps": {f: window("train", f, steps - k, steps) for f in
-                                      ("reward_paper", "reward_shaped", "meals", "deadlock_rate")},
+            f"train_first_{k}_steps": {
+                f: window("train", f, 0, k) for f in ("reward_paper", "reward_shaped", "meals", "deadlock_rate")
+            },
+            f"train_last_{k}_steps": {
+                f: window("train", f, steps - k, steps)
+                for f in ("reward_paper", "reward_shaped", "meals", "deadlock_rate")
+            },
             "best_steps": [r["selection"]["best_step"] for r in rs],
             "cost_of_keeping_last": [r["selection"]["cost_of_keeping_last"] for r in rs],
             "val_meals_best": [r["selection"]["best_val_meals"] for r in rs],
@@ -346,27 +447,41 @@ def plot(summary: dict, args: argparse.Namespace, path: Path) -> None:
             for r in rs:
                 data = {int(s): v for s, v in r[section][field].items()}
                 if section == "val":  # step 0 is the shared base model
-                    data[0] = base[variant]["reward"] if field == "reward_own" else base[variant][
-                        "meals"]
+                    data[0] = base[variant]["reward"] if field == "reward_own" else base[variant]["meals"]
                 xs = sorted(data)
                 series.append([data[x] for x in xs])
                 ax.plot(xs, [data[x] for x in xs], color=colour, alpha=0.35, lw=1)
                 if section == "val":
                     sel = r["selection"]
-                    ax.plot(sel["best_step"], data[sel["best_step"]], marker="*", ms=13,
-                            color=colour, mec="black", ls="none")
-                    ax.plot(sel["last_step"], data[sel["last_step"]], marker="s", ms=6,
-                            color=colour, mec="black", ls="none")
-            ax.plot(xs, [mean(col) for col in zip(*series, strict=True)], color=colour, lw=2.2, marker="o",
-                    ms=3, label=f"trained on {variant} (mean of {len(rs)} seeds)")
+                    ax.plot(
+                        sel["best_step"],
+                        data[sel["best_step"]],
+                        marker="*",
+                        ms=13,
+                        color=colour,
+                        mec="black",
+                        ls="none",
+                    )
+                    ax.plot(
+                        sel["last_step"], data[sel["last_step"]], marker="s", ms=6, color=colour, mec="black", ls="none"
+                    )
+            ax.plot(
+                xs,
+                [mean(col) for col in zip(*series, strict=True)],
+                color=colour,
+                lw=2.2,
+                marker="o",
+                ms=3,
+                label=f"trained on {variant} (mean of {len(rs)} seeds)",
+            )
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("adapter step")
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8)
-    axes[0, 2].plot([], [], marker="*", ms=11, color="grey", mec="black", ls="none",
-                    label="kept by dphil-ckpt-select --by val")
-    axes[0, 2].plot([], [], marker="s", ms=6, color="grey", mec="black", ls="none",
-                    label="last step")
+    axes[0, 2].plot(
+        [], [], marker="*", ms=11, color="grey", mec="black", ls="none", label="kept by dphil-ckpt-select --by val"
+    )
+    axes[0, 2].plot([], [], marker="s", ms=6, color="grey", mec="black", ls="none", label="last step")
     axes[0, 2].legend(fontsize=8)
     fig.suptitle(
         f"GRPO (dphil-train --backend peft, LoRA r=8) on a tiny RANDOM Qwen3, CPU: N={args.n}, "

@@ -22,8 +22,7 @@ class DphilCommand(click.Command):
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra: Any):
         try:
-            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
-                              standalone_mode=False, **extra)
+            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra)
         except click.exceptions.NoArgsIsHelpError as e:
             click.echo(e.ctx.get_help(), err=True)
             code = EX_USAGE
@@ -51,8 +50,14 @@ def command(name: str, **kwargs: Any) -> Callable[[Callable[..., Any]], click.Co
     return click.command(name, cls=DphilCommand, **kwargs)
 
 
-def execute(prog: str, quiet: bool, body: Callable[[Console], int | None], *,
-            outputs: tuple[str | None, ...] = (), wait_lock: float = 0.0) -> int:
+def execute(
+    prog: str,
+    quiet: bool,
+    body: Callable[[Console], int | None],
+    *,
+    outputs: tuple[str | None, ...] = (),
+    wait_lock: float = 0.0,
+) -> int:
     """Run a command body with its Console; return the exit status for click to use.
 
     `outputs` are the files (or run directories) the body writes: it runs holding
@@ -78,20 +83,26 @@ def execute(prog: str, quiet: bool, body: Callable[[Console], int | None], *,
 
 # -- options shared by several commands -------------------------------------------------
 
+
 def output_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
-        "-o", "--output", metavar="FILE", default=None,
-        help="Write records to FILE (atomically: a temporary file renamed on success) "
-             "instead of stdout.",
+        "-o",
+        "--output",
+        metavar="FILE",
+        default=None,
+        help="Write records to FILE (atomically: a temporary file renamed on success) instead of stdout.",
     )(f)
 
 
 def wait_lock_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
-        "--wait-lock", type=click.FloatRange(min=0), default=0.0, show_default=True,
+        "--wait-lock",
+        type=click.FloatRange(min=0),
+        default=0.0,
+        show_default=True,
         metavar="SECONDS",
         help="When another process is writing the same output (it holds OUTPUT.lock), wait "
-             "up to SECONDS for it to finish instead of exiting 75 at once.",
+        "up to SECONDS for it to finish instead of exiting 75 at once.",
     )(f)
 
 
@@ -101,9 +112,11 @@ def quiet_option(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def on_error_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
-        "--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
-        help="fail: stop at the first bad line (exit 65). skip: leave bad lines out and report "
-             "how many on stderr.",
+        "--on-error",
+        type=click.Choice(["fail", "skip"]),
+        default="fail",
+        show_default=True,
+        help="fail: stop at the first bad line (exit 65). skip: leave bad lines out and report how many on stderr.",
     )(f)
 
 

@@ -34,40 +34,97 @@ its adapter_config.json against the record's base_model and lora_rank.
 
 @command("dphil-ckpt-select", help=HELP)
 @inputs_argument
-@click.option("--by", type=click.Choice(["last", "train", "val"]), default=None,
-              help="Where scores come from [default: val if validation scores exist, else train].")
-@click.option("--metric", type=click.Choice(["reward", "meals", "deadlock_rate", "throughput"]),
-              default="reward", show_default=True,
-              help="What to rank on; deadlock_rate is minimised, the others maximised.")
-@click.option("--smooth", type=click.IntRange(min=1), default=1, show_default=True, metavar="K",
-              help="Rank on a centred moving average over K consecutive checkpoints (K odd).")
-@click.option("--rule", type=click.Choice(["best", "one-se"]), default="best", show_default=True,
-              help="best: highest score. one-se: earliest checkpoint within one standard error "
-                   "of the best.")
-@click.option("--top", type=click.IntRange(min=1), default=1, show_default=True, metavar="K",
-              help="Write the K best checkpoints in the rule's order (for retention scripts).")
-@click.option("--run", "run_name", default=None, metavar="NAME",
-              help="Select within this run only when several are mixed.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=str), default=None,
-              metavar="FILE.png", help="Draw the train/validation curves with the chosen and the "
-                                       "last step marked (needs matplotlib).")
-@click.option("--export", "export_dir", type=click.Path(file_okay=False, path_type=str),
-              default=None, metavar="DIR", help="Copy the chosen adapter to DIR (atomically; DIR "
-                                                "must not exist or be empty).")
-@click.option("--merge", is_flag=True,
-              help="With --export: write the base model with the adapter merged in (peft "
-                   "merge_and_unload) instead of the adapter.")
-@click.option("--base-model", default=None, metavar="PATH",
-              help="With --merge: load the base weights from here (a local copy of the record's "
-                   "base_model).")
-@click.option("--no-check-path", is_flag=True,
-              help="Do not require the chosen adapter directory to exist (selecting from logs "
-                   "on another machine).")
+@click.option(
+    "--by",
+    type=click.Choice(["last", "train", "val"]),
+    default=None,
+    help="Where scores come from [default: val if validation scores exist, else train].",
+)
+@click.option(
+    "--metric",
+    type=click.Choice(["reward", "meals", "deadlock_rate", "throughput"]),
+    default="reward",
+    show_default=True,
+    help="What to rank on; deadlock_rate is minimised, the others maximised.",
+)
+@click.option(
+    "--smooth",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    metavar="K",
+    help="Rank on a centred moving average over K consecutive checkpoints (K odd).",
+)
+@click.option(
+    "--rule",
+    type=click.Choice(["best", "one-se"]),
+    default="best",
+    show_default=True,
+    help="best: highest score. one-se: earliest checkpoint within one standard error of the best.",
+)
+@click.option(
+    "--top",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    metavar="K",
+    help="Write the K best checkpoints in the rule's order (for retention scripts).",
+)
+@click.option(
+    "--run", "run_name", default=None, metavar="NAME", help="Select within this run only when several are mixed."
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=str),
+    default=None,
+    metavar="FILE.png",
+    help="Draw the train/validation curves with the chosen and the last step marked (needs matplotlib).",
+)
+@click.option(
+    "--export",
+    "export_dir",
+    type=click.Path(file_okay=False, path_type=str),
+    default=None,
+    metavar="DIR",
+    help="Copy the chosen adapter to DIR (atomically; DIR must not exist or be empty).",
+)
+@click.option(
+    "--merge",
+    is_flag=True,
+    help="With --export: write the base model with the adapter merged in (peft "
+    "merge_and_unload) instead of the adapter.",
+)
+@click.option(
+    "--base-model",
+    default=None,
+    metavar="PATH",
+    help="With --merge: load the base weights from here (a local copy of the record's base_model).",
+)
+@click.option(
+    "--no-check-path",
+    is_flag=True,
+    help="Do not require the chosen adapter directory to exist (selecting from logs on another machine).",
+)
 @output_option
 @wait_lock_option
 @quiet_option
-def main(inputs, by, metric, smooth, rule, top, run_name, plot, export_dir, merge, base_model,
-         no_check_path, output, wait_lock, quiet):
+def main(
+    inputs,
+    by,
+    metric,
+    smooth,
+    rule,
+    top,
+    run_name,
+    plot,
+    export_dir,
+    merge,
+    base_model,
+    no_check_path,
+    output,
+    wait_lock,
+    quiet,
+):
     from dphil.checkpoints.selection import located, read_inputs, select, summary
     from dphil.io.errors import UsageError
     from dphil.io.jsonl import RecordReader, RecordWriter
@@ -78,8 +135,7 @@ def main(inputs, by, metric, smooth, rule, top, run_name, plot, export_dir, merg
         if base_model is not None and not merge:
             raise UsageError("--base-model only applies with --merge")
         if export_dir is not None and top != 1:
-            raise UsageError("--export writes one adapter; it cannot be combined with --top "
-                             f"{top}")
+            raise UsageError(f"--export writes one adapter; it cannot be combined with --top {top}")
         if export_dir is not None and no_check_path:
             raise UsageError("--export always checks the adapter; drop --no-check-path")
         if plot is not None:
@@ -87,8 +143,9 @@ def main(inputs, by, metric, smooth, rule, top, run_name, plot, export_dir, merg
 
             check_plot_path(plot)
         reader = RecordReader(inputs)
-        selection = select(read_inputs(located(reader)), by=by, metric=metric, smooth=smooth,
-                           rule=rule, top=top, run=run_name)
+        selection = select(
+            read_inputs(located(reader)), by=by, metric=metric, smooth=smooth, rule=rule, top=top, run=run_name
+        )
         for note in selection.notes:
             console.warn(note)
         if not no_check_path:

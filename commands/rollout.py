@@ -30,94 +30,275 @@ dphil-train saved.
 
 
 @command("dphil-rollout", help=HELP)
-@click.option("-m", "--model", "models", multiple=True, metavar="MODEL",
-              help="Policy or model to seat at the table; repeat for a grid. scripted:NAME, a "
-                   "registry alias, a litellm id, or hf:PATH for a local transformers model.")
-@click.option("-n", "--philosophers", "sizes", default="5", show_default=True, metavar="N[,N...]",
-              help="Table size(s), e.g. 5 or 5,10,15.")
-@click.option("--episodes", type=click.IntRange(min=1), default=30, show_default=True,
-              help="Episodes per model and table size (seeds SEED..SEED+EPISODES-1).")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Base seed: episode k of every cell gets seed SEED+k.")
-@click.option("--seeds", default=None, metavar="LIST",
-              help="Explicit seeds instead of --seed/--episodes, e.g. 1000-1029 or 1,5,9.")
-@click.option("--rounds", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Rounds per episode; every philosopher acts once per round.")
-@click.option("--protocol", type=click.Choice(list(PROTOCOLS)), default="paper", show_default=True,
-              help="paper: the study's six tools. dpbench: DPBench's four actions.")
-@click.option("--schedule", type=click.Choice(SCHEDULES), default="simultaneous", show_default=True,
-              help="simultaneous: all choose from one snapshot. sequential: one at a time.")
-@click.option("--conflict", type=click.Choice(CONFLICTS), default="random", show_default=True,
-              help="Who gets a free fork two neighbours reach for in the same round.")
-@click.option("--deadlock", "deadlock_mode", type=click.Choice(DEADLOCK_MODES), default="terminal",
-              show_default=True, help="terminal: a deadlock ends the episode. continue: play on.")
-@click.option("-o", "--output", metavar="FILE", default=None,
-              help="Append episodes to FILE as they finish (whole lines only). An existing FILE "
-                   "needs --resume.")
-@click.option("--resume", is_flag=True,
-              help="With -o: skip episodes already complete in FILE, rerun errored ones, append.")
-@click.option("--shard", default=None, metavar="I/K",
-              help="Run only shard I of K (0-based, e.g. $SLURM_ARRAY_TASK_ID/4); the K shards "
-                   "together are the whole grid with the same episode ids.")
-@click.option("--models", "registries", multiple=True, metavar="FILE",
-              help="Model registry (TOML) merged over the built-in aliases; repeatable. Also "
-                   "read from $DPHIL_MODELS.")
-@click.option("--prompt", type=click.Choice(["default", "minimal", "resource-ordering",
-                                             "symmetry-breaking"]),
-              default="default", show_default=True, help="System prompt variant for models.")
-@click.option("--prompt-file", default=None, metavar="FILE",
-              help="Your own system-prompt template ($seat, $n, $rules, $actions, $answer, ...).")
-@click.option("--memory", default="full", show_default=True, metavar="full|window:K|none",
-              help="How much of its own past each model agent re-reads.")
-@click.option("--talk", type=click.IntRange(min=0), default=0, show_default=True, metavar="K",
-              help="K rounds of messages to the two neighbours before each action.")
-@click.option("--concurrency", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Model calls in flight at once, across all episodes.")
-@click.option("--rpm", type=click.IntRange(min=1), default=None,
-              help="At most this many model calls per minute.")
-@click.option("--tpm", type=click.IntRange(min=1), default=None,
-              help="At most this many tokens per minute.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0,
-              show_default=True, help="Seconds before one model call is abandoned (and retried).")
-@click.option("--retries", type=click.IntRange(min=0), default=4, show_default=True,
-              help="Retries of a failed call (exponential backoff with jitter, honouring "
-                   "Retry-After) before its episode ends with status error.")
-@click.option("--max-reply-bytes", type=click.IntRange(min=1), default=4 * 1024 * 1024,
-              show_default=True, metavar="BYTES",
-              help="Abandon a model reply larger than BYTES while it is being read: that call "
-                   "fails (and is retried), so memory stays bounded. Records keep at most 64 KiB "
-                   "of a reply's text, with raw_truncated: true when cut.")
-@click.option("--max-errors", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Abort the run after N episodes ended in error (exit 69).")
-@click.option("--cost-limit", type=click.FloatRange(min=0), default=None, metavar="USD",
-              help="Start no new episode once this much has been spent (litellm's prices).")
-@click.option("--adapter", default=None, metavar="DIR",
-              help="LoRA adapter (peft save_pretrained directory) for the -m hf:PATH models.")
-@click.option("--checkpoints", "checkpoint_files", multiple=True, metavar="FILE",
-              help="Evaluate every checkpoint record in FILE (from dphil-train) as a local model: "
-                   "episodes are tagged with run and checkpoint_step. Repeatable; - for stdin.")
-@click.option("--tag", "tags", multiple=True, metavar="KEY=VALUE",
-              help="Write KEY: VALUE into every episode (and its id), e.g. --tag recipe=dphil for "
-                   "dphil-stats --compare recipe; repeatable.")
-@click.option("--run", "checkpoint_run", default=None, metavar="NAME",
-              help="With --checkpoints: only this run's checkpoints.")
-@click.option("--decode", type=click.Choice(["constrained", "free"]), default="constrained",
-              show_default=True,
-              help="Local models: constrained samples among the protocol's replies; free "
-                   "generates text and parses it like an API reply.")
-@click.option("--temperature", type=click.FloatRange(min=0), default=1.0, show_default=True,
-              help="Local models: sampling temperature (0 = greedy).")
+@click.option(
+    "-m",
+    "--model",
+    "models",
+    multiple=True,
+    metavar="MODEL",
+    help="Policy or model to seat at the table; repeat for a grid. scripted:NAME, a "
+    "registry alias, a litellm id, or hf:PATH for a local transformers model.",
+)
+@click.option(
+    "-n",
+    "--philosophers",
+    "sizes",
+    default="5",
+    show_default=True,
+    metavar="N[,N...]",
+    help="Table size(s), e.g. 5 or 5,10,15.",
+)
+@click.option(
+    "--episodes",
+    type=click.IntRange(min=1),
+    default=30,
+    show_default=True,
+    help="Episodes per model and table size (seeds SEED..SEED+EPISODES-1).",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Base seed: episode k of every cell gets seed SEED+k.",
+)
+@click.option(
+    "--seeds",
+    default=None,
+    metavar="LIST",
+    help="Explicit seeds instead of --seed/--episodes, e.g. 1000-1029 or 1,5,9.",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Rounds per episode; every philosopher acts once per round.",
+)
+@click.option(
+    "--protocol",
+    type=click.Choice(list(PROTOCOLS)),
+    default="paper",
+    show_default=True,
+    help="paper: the study's six tools. dpbench: DPBench's four actions.",
+)
+@click.option(
+    "--schedule",
+    type=click.Choice(SCHEDULES),
+    default="simultaneous",
+    show_default=True,
+    help="simultaneous: all choose from one snapshot. sequential: one at a time.",
+)
+@click.option(
+    "--conflict",
+    type=click.Choice(CONFLICTS),
+    default="random",
+    show_default=True,
+    help="Who gets a free fork two neighbours reach for in the same round.",
+)
+@click.option(
+    "--deadlock",
+    "deadlock_mode",
+    type=click.Choice(DEADLOCK_MODES),
+    default="terminal",
+    show_default=True,
+    help="terminal: a deadlock ends the episode. continue: play on.",
+)
+@click.option(
+    "-o",
+    "--output",
+    metavar="FILE",
+    default=None,
+    help="Append episodes to FILE as they finish (whole lines only). An existing FILE needs --resume.",
+)
+@click.option(
+    "--resume", is_flag=True, help="With -o: skip episodes already complete in FILE, rerun errored ones, append."
+)
+@click.option(
+    "--shard",
+    default=None,
+    metavar="I/K",
+    help="Run only shard I of K (0-based, e.g. $SLURM_ARRAY_TASK_ID/4); the K shards "
+    "together are the whole grid with the same episode ids.",
+)
+@click.option(
+    "--models",
+    "registries",
+    multiple=True,
+    metavar="FILE",
+    help="Model registry (TOML) merged over the built-in aliases; repeatable. Also read from $DPHIL_MODELS.",
+)
+@click.option(
+    "--prompt",
+    type=click.Choice(["default", "minimal", "resource-ordering", "symmetry-breaking"]),
+    default="default",
+    show_default=True,
+    help="System prompt variant for models.",
+)
+@click.option(
+    "--prompt-file",
+    default=None,
+    metavar="FILE",
+    help="Your own system-prompt template ($seat, $n, $rules, $actions, $answer, ...).",
+)
+@click.option(
+    "--memory",
+    default="full",
+    show_default=True,
+    metavar="full|window:K|none",
+    help="How much of its own past each model agent re-reads.",
+)
+@click.option(
+    "--talk",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    metavar="K",
+    help="K rounds of messages to the two neighbours before each action.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Model calls in flight at once, across all episodes.",
+)
+@click.option("--rpm", type=click.IntRange(min=1), default=None, help="At most this many model calls per minute.")
+@click.option("--tpm", type=click.IntRange(min=1), default=None, help="At most this many tokens per minute.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=120.0,
+    show_default=True,
+    help="Seconds before one model call is abandoned (and retried).",
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=4,
+    show_default=True,
+    help="Retries of a failed call (exponential backoff with jitter, honouring "
+    "Retry-After) before its episode ends with status error.",
+)
+@click.option(
+    "--max-reply-bytes",
+    type=click.IntRange(min=1),
+    default=4 * 1024 * 1024,
+    show_default=True,
+    metavar="BYTES",
+    help="Abandon a model reply larger than BYTES while it is being read: that call "
+    "fails (and is retried), so memory stays bounded. Records keep at most 64 KiB "
+    "of a reply's text, with raw_truncated: true when cut.",
+)
+@click.option(
+    "--max-errors",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Abort the run after N episodes ended in error (exit 69).",
+)
+@click.option(
+    "--cost-limit",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="USD",
+    help="Start no new episode once this much has been spent (litellm's prices).",
+)
+@click.option(
+    "--adapter",
+    default=None,
+    metavar="DIR",
+    help="LoRA adapter (peft save_pretrained directory) for the -m hf:PATH models.",
+)
+@click.option(
+    "--checkpoints",
+    "checkpoint_files",
+    multiple=True,
+    metavar="FILE",
+    help="Evaluate every checkpoint record in FILE (from dphil-train) as a local model: "
+    "episodes are tagged with run and checkpoint_step. Repeatable; - for stdin.",
+)
+@click.option(
+    "--tag",
+    "tags",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Write KEY: VALUE into every episode (and its id), e.g. --tag recipe=dphil for "
+    "dphil-stats --compare recipe; repeatable.",
+)
+@click.option(
+    "--run", "checkpoint_run", default=None, metavar="NAME", help="With --checkpoints: only this run's checkpoints."
+)
+@click.option(
+    "--decode",
+    type=click.Choice(["constrained", "free"]),
+    default="constrained",
+    show_default=True,
+    help="Local models: constrained samples among the protocol's replies; free "
+    "generates text and parses it like an API reply.",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Local models: sampling temperature (0 = greedy).",
+)
 @click.option("--device", default="auto", show_default=True, help="Local models: cpu, cuda, cuda:1, auto.")
-@click.option("--batch", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Local models: episodes played together (one model batch per round).")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="Local models: CPU threads for torch [default: torch's choice].")
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Local models: episodes played together (one model batch per round).",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Local models: CPU threads for torch [default: torch's choice].",
+)
 @wait_lock_option
 @quiet_option
-def main(models, sizes, episodes, seed, seeds, rounds, protocol, schedule, conflict, deadlock_mode,
-         output, resume, shard, registries, prompt, prompt_file, memory, talk, concurrency, rpm,
-         tpm, timeout, retries, max_reply_bytes, max_errors, cost_limit, adapter, checkpoint_files,
-         tags, checkpoint_run, decode, temperature, device, batch, threads, wait_lock, quiet):
+def main(
+    models,
+    sizes,
+    episodes,
+    seed,
+    seeds,
+    rounds,
+    protocol,
+    schedule,
+    conflict,
+    deadlock_mode,
+    output,
+    resume,
+    shard,
+    registries,
+    prompt,
+    prompt_file,
+    memory,
+    talk,
+    concurrency,
+    rpm,
+    tpm,
+    timeout,
+    retries,
+    max_reply_bytes,
+    max_errors,
+    cost_limit,
+    adapter,
+    checkpoint_files,
+    tags,
+    checkpoint_run,
+    decode,
+    temperature,
+    device,
+    batch,
+    threads,
+    wait_lock,
+    quiet,
+):
     from dphil.io.errors import UsageError
     from dphil.rollout.grid import Grid, RolloutRequest, parse_int_list, parse_shard, parse_tags, run_request
 
@@ -128,19 +309,40 @@ def main(models, sizes, episodes, seed, seeds, rounds, protocol, schedule, confl
         if not models and not checkpoint_files:
             raise UsageError("Missing option '-m' / '--model' (or --checkpoints FILE)")
         grid = Grid(
-            models=list(models), sizes=table_sizes,
+            models=list(models),
+            sizes=table_sizes,
             seeds=parse_int_list(seeds, "--seeds") if seeds else list(range(seed, seed + episodes)),
-            rounds=rounds, protocol=protocol, schedule=schedule, conflict=conflict, deadlock_mode=deadlock_mode,
+            rounds=rounds,
+            protocol=protocol,
+            schedule=schedule,
+            conflict=conflict,
+            deadlock_mode=deadlock_mode,
         )
         request = RolloutRequest(
-            grid=grid, output=output, resume=resume, shard=parse_shard(shard),
-            registries=registries, prompt=prompt, prompt_file=prompt_file, memory=memory, talk=talk,
-            limits={"concurrency": concurrency, "rpm": rpm, "tpm": tpm, "timeout": timeout, "retries": retries,
-                    "max_reply_bytes": max_reply_bytes},
-            max_errors=max_errors, cost_limit=cost_limit, adapter=adapter, checkpoints=checkpoint_files,
-            checkpoint_run=checkpoint_run, tags=parse_tags(tags),
-            local={"decode": decode, "temperature": temperature, "device": device, "batch": batch,
-                   "threads": threads},
+            grid=grid,
+            output=output,
+            resume=resume,
+            shard=parse_shard(shard),
+            registries=registries,
+            prompt=prompt,
+            prompt_file=prompt_file,
+            memory=memory,
+            talk=talk,
+            limits={
+                "concurrency": concurrency,
+                "rpm": rpm,
+                "tpm": tpm,
+                "timeout": timeout,
+                "retries": retries,
+                "max_reply_bytes": max_reply_bytes,
+            },
+            max_errors=max_errors,
+            cost_limit=cost_limit,
+            adapter=adapter,
+            checkpoints=checkpoint_files,
+            checkpoint_run=checkpoint_run,
+            tags=parse_tags(tags),
+            local={"decode": decode, "temperature": temperature, "device": device, "batch": batch, "threads": threads},
         )
         return run_request(request, console)
 

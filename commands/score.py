@@ -32,23 +32,29 @@ Reads episode JSONL from FILEs or stdin (plain or gzip), writes each record with
 
 @command("dphil-score", help=HELP)
 @inputs_argument
-@click.option("--reward", "variant", type=click.Choice(["paper", "shaped"]), default=None,
-              help="Reward variant [default: paper].")
+@click.option(
+    "--reward", "variant", type=click.Choice(["paper", "shaped"]), default=None, help="Reward variant [default: paper]."
+)
 @click.option("--shaped", is_flag=True, help="Same as --reward shaped.")
 @click.option("--alpha", type=float, default=1.0, show_default=True, help="Weight of no_deadlock.")
 @click.option("--beta", type=float, default=0.5, show_default=True, help="Weight of throughput.")
 @click.option("--gamma", type=float, default=0.3, show_default=True, help="Weight of the fairness penalty.")
 @click.option("--delta", type=float, default=0.1, show_default=True, help="Weight of the idle penalty.")
-@click.option("--min-meals", type=click.IntRange(min=0), default=1, show_default=True,
-              help="shaped: meals needed before no_deadlock pays.")
-@click.option("--trust-outcome", is_flag=True,
-              help="Score the recorded meals/deadlock without replaying the turns.")
+@click.option(
+    "--min-meals",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="shaped: meals needed before no_deadlock pays.",
+)
+@click.option("--trust-outcome", is_flag=True, help="Score the recorded meals/deadlock without replaying the turns.")
 @output_option
 @wait_lock_option
 @on_error_option
 @quiet_option
-def main(inputs, variant, shaped, alpha, beta, gamma, delta, min_meals, trust_outcome, output, wait_lock,
-         on_error, quiet):
+def main(
+    inputs, variant, shaped, alpha, beta, gamma, delta, min_meals, trust_outcome, output, wait_lock, on_error, quiet
+):
     from dphil.io.errors import DataError, UsageError
     from dphil.io.jsonl import RecordReader, RecordWriter
     from dphil.scoring.reward import RewardSpec
@@ -58,8 +64,14 @@ def main(inputs, variant, shaped, alpha, beta, gamma, delta, min_meals, trust_ou
         if shaped and variant == "paper":
             raise UsageError("--shaped contradicts --reward paper")
         try:
-            spec = RewardSpec(variant="shaped" if shaped else (variant or "paper"), alpha=alpha, beta=beta,
-                              gamma=gamma, delta=delta, min_meals=min_meals)
+            spec = RewardSpec(
+                variant="shaped" if shaped else (variant or "paper"),
+                alpha=alpha,
+                beta=beta,
+                gamma=gamma,
+                delta=delta,
+                min_meals=min_meals,
+            )
         except ValueError as e:
             raise UsageError(str(e)) from None
         scorer = Scorer(spec, trust_outcome=trust_outcome)

@@ -45,27 +45,64 @@ FORMATS = ("text", "svg", "html", "png")
 
 @command("dphil-show", help=HELP)
 @inputs_argument
-@click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default=None,
-              help="Output format [default: from the suffix of -o, else text].")
-@click.option("-e", "--episode", "episodes", multiple=True, metavar="ID|INDEX",
-              help="An episode id, or an index (0 is the first episode record of the input). "
-                   "Repeatable; shown in input order. Unknown ones exit 65.")
+@click.option(
+    "-f",
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default=None,
+    help="Output format [default: from the suffix of -o, else text].",
+)
+@click.option(
+    "-e",
+    "--episode",
+    "episodes",
+    multiple=True,
+    metavar="ID|INDEX",
+    help="An episode id, or an index (0 is the first episode record of the input). "
+    "Repeatable; shown in input order. Unknown ones exit 65.",
+)
 @click.option("--all", "every", is_flag=True, help="text: every episode, one after another (up to --limit).")
-@click.option("--limit", type=click.IntRange(min=0), default=1000, show_default=True,
-              help="Show at most this many episodes with --all, html or svg -o DIR (0: no limit).")
-@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
-              help="Colour text: auto means only when stdout is a terminal (and NO_COLOR is unset).")
-@click.option("-o", "--output", metavar="FILE|DIR", default=None,
-              help="Write to FILE (atomically: a temporary file renamed on success), or for svg one "
-                   "file per episode into DIR (an existing directory, or a path ending in /).")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=1000,
+    show_default=True,
+    help="Show at most this many episodes with --all, html or svg -o DIR (0: no limit).",
+)
+@click.option(
+    "--color",
+    type=click.Choice(["auto", "always", "never"]),
+    default="auto",
+    show_default=True,
+    help="Colour text: auto means only when stdout is a terminal (and NO_COLOR is unset).",
+)
+@click.option(
+    "-o",
+    "--output",
+    metavar="FILE|DIR",
+    default=None,
+    help="Write to FILE (atomically: a temporary file renamed on success), or for svg one "
+    "file per episode into DIR (an existing directory, or a path ending in /).",
+)
 @wait_lock_option
 @quiet_option
 def main(inputs, fmt, episodes, every, limit, color, output, wait_lock, quiet):
     def body(console):
         from dphil.show.choose import ShowRequest, show
 
-        return show(ShowRequest(inputs=list(inputs), fmt=fmt, episodes=list(episodes), every=every,
-                                limit=limit or None, color=color, output=output), console)
+        return show(
+            ShowRequest(
+                inputs=list(inputs),
+                fmt=fmt,
+                episodes=list(episodes),
+                every=every,
+                limit=limit or None,
+                color=color,
+                output=output,
+            ),
+            console,
+        )
 
     return execute("dphil-show", quiet, body, outputs=(output,), wait_lock=wait_lock)
 

@@ -34,38 +34,95 @@ comparisons are Holm-adjusted (--adjust). Errored episodes are counted and left 
 
 @command("dphil-stats", help=HELP)
 @inputs_argument
-@click.option("--by", "by_text", default="model,n", show_default=True, metavar="FIELD[,FIELD...]",
-              help="Top-level fields that define a cell (e.g. model,n,protocol,checkpoint_step).")
-@click.option("--compare", "compares", nargs=3, multiple=True, metavar="FIELD A B",
-              help="Compare cells where FIELD is B against those where it is A, within each group "
-                   "of the other --by fields. Repeatable.")
-@click.option("--adjust", type=click.Choice(["holm", "bh", "none"]), default="holm",
-              show_default=True, help="Multiplicity adjustment of p values across comparisons.")
-@click.option("--power", is_flag=True,
-              help="Add the episodes per arm needed to detect the observed g (alpha 0.05, power "
-                   "0.8) and the smallest g the current arms can detect.")
-@click.option("--effect", type=float, default=None, metavar="G",
-              help="Plan --power for this Hedges' g instead of the observed one (implies --power).")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown", "csv", "table", "html"]),
-              default="jsonl", show_default=True,
-              help="Records, a table for papers/terminals, or html: one self-contained page with "
-                   "the tables, the plots and episode timelines.")
-@click.option("--timelines", type=click.IntRange(min=0), default=None, metavar="K",
-              help="html: draw the first K complete episodes of each cell [default: 3; 0: none].")
+@click.option(
+    "--by",
+    "by_text",
+    default="model,n",
+    show_default=True,
+    metavar="FIELD[,FIELD...]",
+    help="Top-level fields that define a cell (e.g. model,n,protocol,checkpoint_step).",
+)
+@click.option(
+    "--compare",
+    "compares",
+    nargs=3,
+    multiple=True,
+    metavar="FIELD A B",
+    help="Compare cells where FIELD is B against those where it is A, within each group "
+    "of the other --by fields. Repeatable.",
+)
+@click.option(
+    "--adjust",
+    type=click.Choice(["holm", "bh", "none"]),
+    default="holm",
+    show_default=True,
+    help="Multiplicity adjustment of p values across comparisons.",
+)
+@click.option(
+    "--power",
+    is_flag=True,
+    help="Add the episodes per arm needed to detect the observed g (alpha 0.05, power "
+    "0.8) and the smallest g the current arms can detect.",
+)
+@click.option(
+    "--effect",
+    type=float,
+    default=None,
+    metavar="G",
+    help="Plan --power for this Hedges' g instead of the observed one (implies --power).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "markdown", "csv", "table", "html"]),
+    default="jsonl",
+    show_default=True,
+    help="Records, a table for papers/terminals, or html: one self-contained page with "
+    "the tables, the plots and episode timelines.",
+)
+@click.option(
+    "--timelines",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="K",
+    help="html: draw the first K complete episodes of each cell [default: 3; 0: none].",
+)
 @click.option("--no-cells", is_flag=True, help="Write only the comparisons.")
-@click.option("--plot", metavar="FILE", default=None,
-              help="Also draw mean reward and deadlock rate with CIs per cell to FILE "
-                   "(.png/.svg/.pdf; needs matplotlib).")
-@click.option("--degenerate-warn", type=click.FloatRange(0.0, 1.0), default=0.25,
-              show_default=True, metavar="RATE",
-              help="Warn on stderr about cells where at least this share of episodes has no "
-                   "deadlock and no meals.")
+@click.option(
+    "--plot",
+    metavar="FILE",
+    default=None,
+    help="Also draw mean reward and deadlock rate with CIs per cell to FILE (.png/.svg/.pdf; needs matplotlib).",
+)
+@click.option(
+    "--degenerate-warn",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.25,
+    show_default=True,
+    metavar="RATE",
+    help="Warn on stderr about cells where at least this share of episodes has no deadlock and no meals.",
+)
 @output_option
 @wait_lock_option
 @on_error_option
 @quiet_option
-def main(inputs, by_text, compares, adjust, power, effect, fmt, timelines, no_cells, plot,
-         degenerate_warn, output, wait_lock, on_error, quiet):
+def main(
+    inputs,
+    by_text,
+    compares,
+    adjust,
+    power,
+    effect,
+    fmt,
+    timelines,
+    no_cells,
+    plot,
+    degenerate_warn,
+    output,
+    wait_lock,
+    on_error,
+    quiet,
+):
     from dphil.io.errors import UsageError
     from dphil.io.jsonl import RecordWriter
     from dphil.results import cells, report
@@ -87,18 +144,18 @@ def main(inputs, by_text, compares, adjust, power, effect, fmt, timelines, no_ce
             from dphil.results.html_report import DEFAULT_TIMELINES, EpisodeSample
 
             sample = EpisodeSample(by, DEFAULT_TIMELINES if timelines is None else timelines)
-        episodes = cells.load(inputs, [*by, *(c.field for c in wanted)], on_error=on_error,
-                              warn=console.warn, keep=sample)
+        episodes = cells.load(
+            inputs, [*by, *(c.field for c in wanted)], on_error=on_error, warn=console.warn, keep=sample
+        )
         if episodes.skipped:
             console.error(f"skipped {episodes.skipped} bad record(s)")
         if episodes.frame.height == 0:
             console.warn("no episodes in the input: nothing to summarise")
             return 0
-        cell_list = cells.cell_records(episodes, by, degenerate_warn=degenerate_warn,
-                                       warn=console.warn)
-        comps = cells.comparison_records(episodes, by, wanted, adjust=adjust,
-                                         power=power or effect is not None, effect=effect,
-                                         warn=console.warn)
+        cell_list = cells.cell_records(episodes, by, degenerate_warn=degenerate_warn, warn=console.warn)
+        comps = cells.comparison_records(
+            episodes, by, wanted, adjust=adjust, power=power or effect is not None, effect=effect, warn=console.warn
+        )
         shown = [] if no_cells else cell_list
         if plot:
             report.plot(cell_list, by, plot)
@@ -109,8 +166,9 @@ def main(inputs, by_text, compares, adjust, power, effect, fmt, timelines, no_ce
             elif fmt == "html":
                 from dphil.results.html_report import render_page
 
-                page = render_page(cell_list, comps, by, sources=list(inputs), sample=sample,
-                                   compared=bool(wanted), no_cells=no_cells)
+                page = render_page(
+                    cell_list, comps, by, sources=list(inputs), sample=sample, compared=bool(wanted), no_cells=no_cells
+                )
                 writer.write_line(page.encode())
             else:
                 text = report.render(fmt, shown, comps, by)

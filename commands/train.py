@@ -32,8 +32,7 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     "--base-model",
     required=True,
     metavar="NAME|DIR",
-    help="Hugging Face model id or local directory (weights are loaded, not downloaded, "
-    "when a directory is given).",
+    help="Hugging Face model id or local directory (weights are loaded, not downloaded, when a directory is given).",
 )
 @click.option(
     "--run-dir",
@@ -41,9 +40,7 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     type=click.Path(file_okay=False, path_type=str),
     help="Directory for adapters, the checkpoint journal and settings; reuse it to resume.",
 )
-@click.option(
-    "--run", "run_name", default=None, help="Run name in records [default: RUN_DIR's name]."
-)
+@click.option("--run", "run_name", default=None, help="Run name in records [default: RUN_DIR's name].")
 @click.option(
     "--backend",
     type=click.Choice(BACKENDS),
@@ -68,9 +65,7 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     default=None,
     help="Training steps [default: 16, or the total of a staged --curriculum].",
 )
-@click.option(
-    "--groups", type=click.IntRange(min=1), default=2, show_default=True, help="Scenarios per step."
-)
+@click.option("--groups", type=click.IntRange(min=1), default=2, show_default=True, help="Scenarios per step.")
 @click.option(
     "--group-size",
     type=click.IntRange(min=2),
@@ -79,9 +74,7 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     help="Episodes per scenario (the group advantages are relative to).",
 )
 @click.option("--lora-rank", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option(
-    "--lora-alpha", type=click.IntRange(min=1), default=None, help="LoRA alpha [default: 2 x rank]."
-)
+@click.option("--lora-alpha", type=click.IntRange(min=1), default=None, help="LoRA alpha [default: 2 x rank].")
 @click.option(
     "--learning-rate",
     "--lr",
@@ -198,9 +191,7 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     help="Weight of the KL penalty towards the base model.",
 )
 @click.option("--max-grad-norm", type=click.FloatRange(min=0), default=1.0, show_default=True)
-@click.option(
-    "--no-scale-advantages", is_flag=True, help="Advantages r - mean instead of (r - mean) / std."
-)
+@click.option("--no-scale-advantages", is_flag=True, help="Advantages r - mean instead of (r - mean) / std.")
 @click.option(
     "--advantage",
     type=click.Choice(["episode", "philosopher", "step"]),
@@ -233,8 +224,7 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     "--threads",
     type=click.IntRange(min=1),
     default=None,
-    help="CPU threads for torch [default: torch's choice]; 1 is fastest for tiny models "
-    "on a busy machine.",
+    help="CPU threads for torch [default: torch's choice]; 1 is fastest for tiny models on a busy machine.",
 )
 @click.option(
     "--micro-batch",
@@ -272,9 +262,13 @@ def main(**opts):
     from dphil.train.launch import launch
 
     # The run directory is locked too: two trainings of one run would interleave its steps.
-    return execute("dphil-train", opts["quiet"], lambda console: launch(console, opts),
-                   outputs=(opts["run_dir"], opts["output"], opts["episodes_out"]),
-                   wait_lock=opts["wait_lock"])
+    return execute(
+        "dphil-train",
+        opts["quiet"],
+        lambda console: launch(console, opts),
+        outputs=(opts["run_dir"], opts["output"], opts["episodes_out"]),
+        wait_lock=opts["wait_lock"],
+    )
 
 
 if __name__ == "__main__":

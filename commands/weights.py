@@ -27,12 +27,17 @@ or its checksum is wrong.
 
 
 @command("dphil-weights", help=HELP)
-@click.option("--gguf", "gguf", metavar="FILE", default=None,
-              help="Use this copy of the GGUF instead of the packaged chunks (it must match the "
-                   "packaged checksum).")
+@click.option(
+    "--gguf",
+    "gguf",
+    metavar="FILE",
+    default=None,
+    help="Use this copy of the GGUF instead of the packaged chunks (it must match the packaged checksum).",
+)
 @click.option("--gguf-only", is_flag=True, help="Assemble and verify the GGUF; do not convert it.")
-@click.option("--cache", metavar="DIR", default=None,
-              help="Cache directory [default: $DPHIL_CACHE, else ~/.cache/dphil].")
+@click.option(
+    "--cache", metavar="DIR", default=None, help="Cache directory [default: $DPHIL_CACHE, else ~/.cache/dphil]."
+)
 @quiet_option
 def main(gguf, gguf_only, cache, quiet):
     from pathlib import Path
@@ -45,8 +50,7 @@ def main(gguf, gguf_only, cache, quiet):
         if gguf is not None:
             path = weights.verify(gguf)
         else:
-            path = weights.assemble(base / weights.GGUF_NAME,
-                                    on_build=lambda p: console.warn(f"assembling {p}"))
+            path = weights.assemble(base / weights.GGUF_NAME, on_build=lambda p: console.warn(f"assembling {p}"))
         if gguf_only:
             click.echo(str(path))
             return 0

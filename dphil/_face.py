@@ -12,7 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 
-def lazy_face(package: str, exports: dict[str, tuple[str, ...]]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_face(
+    package: str, exports: dict[str, tuple[str, ...]]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """`__getattr__` and `__dir__` for `package`: module name -> the public names it provides."""
     where = {name: module for module, names in exports.items() for name in names}
 

@@ -16,5 +16,4 @@ def test_man_pages_match_the_commands(tmp_path):
     for page in fresh:
         committed = ROOT / "man" / page.name
         assert committed.exists(), f"man/{page.name} missing: run python man/generate.py"
-        assert committed.read_text() == page.read_text(), (
-            f"man/{page.name} is out of date: run python man/generate.py")
+        assert committed.read_text() == page.read_text(), f"man/{page.name} is out of date: run python man/generate.py"

@@ -17,12 +17,19 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 
 def test_library_knows_nothing_of_click():
-    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "dphil").rglob("*.py")
-                 if re.search(r"^\s*(import click|from click)", p.read_text(), re.M)]
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "dphil").rglob("*.py")
+        if re.search(r"^\s*(import click|from click)", p.read_text(), re.M)
+    ]
     assert offenders == []
 
 
 def test_ruff_is_clean():
-    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise", str(ROOT)],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--output-format", "concise", str(ROOT)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -55,23 +55,22 @@ class AgentSettings:
 class Agent:
     """A philosopher's side of the conversation with the model."""
 
-    def __init__(self, philosopher: int, system: str, protocol: str, *, memory: str = "full",
-                 tools: bool = True) -> None:
+    def __init__(
+        self, philosopher: int, system: str, protocol: str, *, memory: str = "full", tools: bool = True
+    ) -> None:
         self.philosopher = philosopher
         self.protocol = protocol
         self.tools = tools
         self.system = {"role": "system", "content": system}
         memory = parse_memory(memory)
-        self.window: int | None = (
-            None if memory == "full" else 0 if memory == "none" else int(memory.split(":")[1])
-        )
+        self.window: int | None = None if memory == "full" else 0 if memory == "none" else int(memory.split(":")[1])
         self.past: list[list[dict[str, Any]]] = []
         self.current: list[dict[str, Any]] = []
         self._pending: list[dict[str, Any]] = []  # tool calls of this round awaiting results
 
     def messages(self) -> list[dict[str, Any]]:
         """What the model reads for its next reply: system, remembered rounds, this round."""
-        past = self.past if self.window is None else self.past[len(self.past) - self.window:]
+        past = self.past if self.window is None else self.past[len(self.past) - self.window :]
         if self.window == 0:
             past = []
         out = [self.system]

@@ -34,16 +34,17 @@ class ReplyGuard:
     exceeded: int | None = None  # bytes seen (or announced) when the reply was abandoned
 
     def describe(self) -> str:
-        return (f"reply too large: more than {self.limit:,} bytes (read {self.exceeded:,} "
-                f"before abandoning it; raise --max-reply-bytes to accept more)")
+        return (
+            f"reply too large: more than {self.limit:,} bytes (read {self.exceeded:,} "
+            f"before abandoning it; raise --max-reply-bytes to accept more)"
+        )
 
 
 class ReplyTooLarge(httpx.ReadError):
     """Raised inside the transport; litellm wraps it, so the gateway reads the guard instead."""
 
 
-_guard: contextvars.ContextVar[ReplyGuard | None] = contextvars.ContextVar("dphil_reply_guard",
-                                                                          default=None)
+_guard: contextvars.ContextVar[ReplyGuard | None] = contextvars.ContextVar("dphil_reply_guard", default=None)
 
 
 @contextlib.contextmanager
@@ -93,9 +94,13 @@ class CappedTransport(httpx.AsyncBaseTransport):
             guard.exceeded = int(announced)
             await response.aclose()
             raise ReplyTooLarge(guard.describe())
-        return httpx.Response(status_code=response.status_code, headers=response.headers,
-                              stream=_CappedStream(response.stream, guard),
-                              extensions=response.extensions, request=request)
+        return httpx.Response(
+            status_code=response.status_code,
+            headers=response.headers,
+            stream=_CappedStream(response.stream, guard),
+            extensions=response.extensions,
+            request=request,
+        )
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -114,11 +119,9 @@ def install() -> None:
     original = AsyncHTTPHandler._create_async_transport
 
     def capped_transport(ssl_context=None, ssl_verify=None, shared_session=None):
-        inner = original(ssl_context=ssl_context, ssl_verify=ssl_verify,
-                         shared_session=shared_session)
+        inner = original(ssl_context=ssl_context, ssl_verify=ssl_verify, shared_session=shared_session)
         if inner is None:  # litellm's "let httpx choose": httpx's own transport, same TLS
-            verify: Any = ssl_context if ssl_context is not None else (
-                True if ssl_verify is None else ssl_verify)
+            verify: Any = ssl_context if ssl_context is not None else (True if ssl_verify is None else ssl_verify)
             inner = httpx.AsyncHTTPTransport(verify=verify)
         return CappedTransport(inner)
 

@@ -26,8 +26,9 @@ class ChatTemplate:
 @cache
 def templates() -> tuple[ChatTemplate, ...]:
     data = tomllib.loads(files("dphil.agents").joinpath("chat_templates.toml").read_text("utf-8"))
-    return tuple(ChatTemplate(name, tuple(t["families"]), t["template"], tuple(t.get("stop", ())))
-                 for name, t in data.items())
+    return tuple(
+        ChatTemplate(name, tuple(t["families"]), t["template"], tuple(t.get("stop", ()))) for name, t in data.items()
+    )
 
 
 def for_family(model_type: str | None) -> ChatTemplate | None:

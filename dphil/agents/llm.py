@@ -35,9 +35,19 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # HTTP statuses worth another try: timeouts, conflicts, rate limits, server trouble.
 _RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
 _RETRY_NAMES = {
-    "RateLimitError", "Timeout", "APITimeoutError", "APIConnectionError", "InternalServerError",
-    "ServiceUnavailableError", "BadGatewayError", "TimeoutError", "ConnectError", "ReadError",
-    "RemoteProtocolError", "ServerDisconnectedError", "ClientConnectionError",
+    "RateLimitError",
+    "Timeout",
+    "APITimeoutError",
+    "APIConnectionError",
+    "InternalServerError",
+    "ServiceUnavailableError",
+    "BadGatewayError",
+    "TimeoutError",
+    "ConnectError",
+    "ReadError",
+    "RemoteProtocolError",
+    "ServerDisconnectedError",
+    "ClientConnectionError",
 }
 _NO_CREDENTIALS = re.compile(
     r"missing credentials|api[_ ]?key (?:is )?(?:missing|not set|required)|no api key",
@@ -82,9 +92,7 @@ def litellm_module() -> Any:
         try:
             import litellm
         except ImportError:
-            raise MissingExtraError(
-                "calling language models needs litellm: pip install 'dphil[llm]'"
-            ) from None
+            raise MissingExtraError("calling language models needs litellm: pip install 'dphil[llm]'") from None
         _quiet_warnings()
         from dphil.agents.capped import install
 
@@ -224,10 +232,7 @@ class Gateway:
             raise ValueError("concurrency must be at least 1")
         _quiet_warnings()
         self._semaphore = asyncio.Semaphore(self.limits.concurrency)
-        self._limiter = (
-            RateLimiter(self.limits.rpm, self.limits.tpm)
-            if self.limits.rpm or self.limits.tpm else None
-        )
+        self._limiter = RateLimiter(self.limits.rpm, self.limits.tpm) if self.limits.rpm or self.limits.tpm else None
         self._routers: dict[str, Any] = {}
 
     def _router(self, litellm: Any, spec: ModelSpec, key: str | None) -> Any:
@@ -288,9 +293,7 @@ class Gateway:
                     # A hard deadline as well: a server that accepts the connection and then
                     # goes silent must not hold the slot for ever.
                     with guarded(limits.max_reply_bytes) as guard:
-                        response = await asyncio.wait_for(
-                            call(**kwargs), limits.timeout + 5.0
-                        )
+                        response = await asyncio.wait_for(call(**kwargs), limits.timeout + 5.0)
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # classified below: transient, or the episode's end
@@ -306,9 +309,7 @@ class Gateway:
                     hidden = getattr(response, "_hidden_params", None) or {}
                     completion.server = public_url(hidden.get("api_base"))
                 if entry is not None:
-                    RateLimiter.settle(
-                        entry, completion.prompt_tokens + completion.completion_tokens
-                    )
+                    RateLimiter.settle(entry, completion.prompt_tokens + completion.completion_tokens)
                 stats.calls += 1
                 stats.retries += attempt
                 stats.prompt_tokens += completion.prompt_tokens
@@ -331,7 +332,8 @@ class Gateway:
                 # environment costs ~70 us, too much to pay on every successful call.
                 raise LLMCallError(
                     redact(reason, known_secrets((key,))),
-                    attempts=tries, retryable=retryable,
+                    attempts=tries,
+                    retryable=retryable,
                 ) from None
             await asyncio.sleep(backoff_delay(attempt, wait, limits))
             attempt += 1
@@ -362,8 +364,10 @@ def classify(error: BaseException) -> tuple[bool, float | None]:
         retryable = bool(names & _RETRY_NAMES) or isinstance(error, (TimeoutError, OSError))
     # litellm keeps a 429's headers in `litellm_response_headers`; openai's on `response`.
     wait = None
-    for headers in (getattr(error, "litellm_response_headers", None),
-                    getattr(getattr(error, "response", None), "headers", None)):
+    for headers in (
+        getattr(error, "litellm_response_headers", None),
+        getattr(getattr(error, "response", None), "headers", None),
+    ):
         wait = retry_after_seconds(headers)
         if wait is not None:
             break
@@ -398,18 +402,19 @@ def _estimate_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     return (len(json.dumps(messages)) + (len(json.dumps(tools)) if tools else 0)) // 4 + 64
 
 
-def _completion(litellm: Any, response: Any, latency: float, retries: int,
-                spec: ModelSpec) -> Completion:
+def _completion(litellm: Any, response: Any, latency: float, retries: int, spec: ModelSpec) -> Completion:
     choice = response.choices[0]
     message = choice.message
     calls = []
     for k, call in enumerate(getattr(message, "tool_calls", None) or []):
         fn = call.function
-        calls.append({
-            "id": getattr(call, "id", None) or f"call_{k}",
-            "type": "function",
-            "function": {"name": fn.name, "arguments": fn.arguments or ""},
-        })
+        calls.append(
+            {
+                "id": getattr(call, "id", None) or f"call_{k}",
+                "type": "function",
+                "function": {"name": fn.name, "arguments": fn.arguments or ""},
+            }
+        )
     reasoning = getattr(message, "reasoning_content", None)
     usage = getattr(response, "usage", None)
     prompt = int(getattr(usage, "prompt_tokens", 0) or 0)

@@ -71,10 +71,7 @@ GOAL = (
 
 ANSWER_TEXT = {
     True: "Each round, answer by calling exactly one of the tools. Do not call more than one.",
-    False: (
-        "Each round, answer with one line of the form `ACTION: <name>`, where <name> is one of: "
-        "$action_names."
-    ),
+    False: ("Each round, answer with one line of the form `ACTION: <name>`, where <name> is one of: $action_names."),
 }
 
 DEFAULT_TEMPLATE = """\
@@ -124,12 +121,8 @@ your $first_side fork first, then the other one."""
 BUILTIN_TEMPLATES = {
     "default": DEFAULT_TEMPLATE,
     "minimal": MINIMAL_TEMPLATE,
-    "resource-ordering": DEFAULT_TEMPLATE.replace(
-        "\n\n$answer", RESOURCE_ORDERING_STRATEGY + "\n\n$answer"
-    ),
-    "symmetry-breaking": DEFAULT_TEMPLATE.replace(
-        "\n\n$answer", SYMMETRY_BREAKING_STRATEGY + "\n\n$answer"
-    ),
+    "resource-ordering": DEFAULT_TEMPLATE.replace("\n\n$answer", RESOURCE_ORDERING_STRATEGY + "\n\n$answer"),
+    "symmetry-breaking": DEFAULT_TEMPLATE.replace("\n\n$answer", SYMMETRY_BREAKING_STRATEGY + "\n\n$answer"),
 }
 
 # Per-round text pieces (part of the version hash as well).
@@ -171,8 +164,17 @@ PLACEHOLDERS = {
 }
 
 _FRAGMENTS = json.dumps(
-    [RULES, SCHEDULE_TEXT, GOAL, ANSWER_TEXT[False], ANSWER_TEXT[True], ACTION_DESCRIPTIONS,
-     REASON_TEXT, TALK_TEXT, "observation-v1"],
+    [
+        RULES,
+        SCHEDULE_TEXT,
+        GOAL,
+        ANSWER_TEXT[False],
+        ANSWER_TEXT[True],
+        ACTION_DESCRIPTIONS,
+        REASON_TEXT,
+        TALK_TEXT,
+        "observation-v1",
+    ],
     sort_keys=True,
 )
 
@@ -195,9 +197,11 @@ class Prompt:
         tools: bool = True,
     ) -> str:
         """The system prompt for one seat."""
-        return Template(self.template).substitute(
-            _values(protocol, n, philosopher, schedule=schedule, tools=tools)
-        ).strip()
+        return (
+            Template(self.template)
+            .substitute(_values(protocol, n, philosopher, schedule=schedule, tools=tools))
+            .strip()
+        )
 
 
 def _version(template: str) -> str:
@@ -231,9 +235,7 @@ def _values(protocol: str, n: int, i: int, *, schedule: str, tools: bool) -> dic
         "rules": RULES[protocol],
         "schedule": SCHEDULE_TEXT[schedule],
         "goal": GOAL,
-        "actions": "\n".join(
-            f"- {a}: {ACTION_DESCRIPTIONS[protocol][a]}" for a in names
-        ),
+        "actions": "\n".join(f"- {a}: {ACTION_DESCRIPTIONS[protocol][a]}" for a in names),
         "action_names": action_names,
         "answer": Template(ANSWER_TEXT[tools]).substitute(action_names=action_names),
         "protocol": protocol,
@@ -245,9 +247,7 @@ def builtin_prompt(name: str = "default") -> Prompt:
     try:
         template = BUILTIN_TEMPLATES[name]
     except KeyError:
-        raise ConfigError(
-            f"unknown prompt {name!r} (expected one of {', '.join(PROMPT_VARIANTS)})"
-        ) from None
+        raise ConfigError(f"unknown prompt {name!r} (expected one of {', '.join(PROMPT_VARIANTS)})") from None
     return Prompt(name, template, _version(template))
 
 
@@ -278,9 +278,7 @@ def check_template(text: str, *, source: str = "prompt") -> None:
         known = ", ".join(sorted(PLACEHOLDERS))
         raise ConfigError(f"{source}: unknown placeholder ${e.args[0]} (known: {known})") from None
     except ValueError as e:
-        raise ConfigError(
-            f"{source}: malformed placeholder ({e}); write $$ for a dollar sign"
-        ) from None
+        raise ConfigError(f"{source}: malformed placeholder ({e}); write $$ for a dollar sign") from None
 
 
 def get_prompt(name: str = "default", file: str | Path | None = None) -> Prompt:
@@ -304,9 +302,7 @@ def system_prompt(
 # -- each round -----------------------------------------------------------------------------
 
 
-def observation_text(
-    obs: Observation, extras: dict[str, Any] | None = None, *, tools: bool = True
-) -> str:
+def observation_text(obs: Observation, extras: dict[str, Any] | None = None, *, tools: bool = True) -> str:
     """The short text an agent reads at the start of a round.
 
     `extras` may carry `messages`: a list of `{"from": seat, "text": str}` from
@@ -320,9 +316,7 @@ def observation_text(
     lines.append(_fork_line("right", (i + 1) % n, (i + 1) % n, obs.holds_right, obs.right_free))
     lines.append(f"Meals so far: {obs.meals}.")
     if obs.eating:
-        lines.append(
-            "You are eating: both of your forks go back on the table at the end of this round."
-        )
+        lines.append("You are eating: both of your forks go back on the table at the end of this round.")
     if obs.last_action is None:
         if obs.last_ok is None:
             lines.append("You have not acted yet.")
@@ -360,8 +354,9 @@ def _message_lines(i: int, n: int, messages: list[dict[str, Any]]) -> list[str]:
         return []
     lines = ["Messages from your neighbours, in the order they were written:"]
     for m in messages:
-        lines.append(f'- philosopher {m["from"]} ({_side_of(i, m["from"], n)}): '
-                     f'{json.dumps(m["text"], ensure_ascii=False)}')
+        lines.append(
+            f"- philosopher {m['from']} ({_side_of(i, m['from'], n)}): {json.dumps(m['text'], ensure_ascii=False)}"
+        )
     return lines
 
 

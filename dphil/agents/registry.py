@@ -41,8 +41,19 @@ _TOOL_CHOICES = ("auto", "required")
 # Parameters that would let a registry change where keys or requests go behind the
 # user's back, or that dphil sets itself; they are refused in `params`.
 _RESERVED_PARAMS = {
-    "api_key", "api_base", "base_url", "messages", "tools", "tool_choice", "model", "timeout",
-    "num_retries", "max_retries", "stream", "extra_headers", "headers",
+    "api_key",
+    "api_base",
+    "base_url",
+    "messages",
+    "tools",
+    "tool_choice",
+    "model",
+    "timeout",
+    "num_retries",
+    "max_retries",
+    "stream",
+    "extra_headers",
+    "headers",
 }
 
 
@@ -111,9 +122,7 @@ def parse_registry(text: str, source: str) -> dict[str, dict[str, Any]]:
         raise ConfigError(f"{source}: invalid TOML: {e}") from None
     unknown_top = set(data) - {"models"}
     if unknown_top:
-        raise ConfigError(
-            f"{source}: unknown table(s) {sorted(unknown_top)}; expected [models.NAME]"
-        )
+        raise ConfigError(f"{source}: unknown table(s) {sorted(unknown_top)}; expected [models.NAME]")
     models = data.get("models", {})
     if not isinstance(models, dict):
         raise ConfigError(f"{source}: 'models' must be a table of [models.NAME] tables")
@@ -207,8 +216,7 @@ class Registry:
             return ModelSpec(name=name, model=name)
         known = ", ".join(sorted(self.entries))
         raise ConfigError(
-            f"unknown model {name!r}: not an alias (known: {known}) nor a litellm id such as "
-            "openai/gpt-5.4"
+            f"unknown model {name!r}: not an alias (known: {known}) nor a litellm id such as openai/gpt-5.4"
         )
 
     def __contains__(self, name: str) -> bool:

@@ -23,13 +23,14 @@ def make_router(litellm: Any, spec: ModelSpec, key: str | None) -> Any:
         params: dict[str, Any] = {"model": spec.model, "api_base": base}
         if key:
             params["api_key"] = key
-        deployments.append({"model_name": spec.name, "litellm_params": params,
-                            "model_info": {"id": f"{spec.name}#{k}"}})
+        deployments.append(
+            {"model_name": spec.name, "litellm_params": params, "model_info": {"id": f"{spec.name}#{k}"}}
+        )
     return litellm.Router(
         model_list=deployments,
         routing_strategy="simple-shuffle",
-        num_retries=0,           # the gateway retries, with its backoff and limits
-        allowed_fails=0,         # one failed call takes a server out of rotation...
+        num_retries=0,  # the gateway retries, with its backoff and limits
+        allowed_fails=0,  # one failed call takes a server out of rotation...
         cooldown_time=COOLDOWN_SECONDS,  # ...for this long
         set_verbose=False,
     )

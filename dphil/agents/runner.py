@@ -41,8 +41,12 @@ class Usage:
         self.calls += 1
 
     def as_dict(self) -> dict[str, Any]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "cost": round(self.cost, 8), "calls": self.calls}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cost": round(self.cost, 8),
+            "calls": self.calls,
+        }
 
 
 def model_variant(spec: ModelSpec, settings: AgentSettings) -> dict[str, Any]:
@@ -62,8 +66,7 @@ def _kept(field: str, text: str | None) -> dict[str, Any]:
 
 
 def _call_extras(c: Completion) -> dict[str, Any]:
-    extras = {"usage": c.usage, "latency_s": c.latency_s, "retries": c.retries,
-              "cost": round(c.cost, 8)}
+    extras = {"usage": c.usage, "latency_s": c.latency_s, "retries": c.retries, "cost": round(c.cost, 8)}
     if c.server is not None:
         extras["server"] = c.server
     return extras
@@ -72,8 +75,7 @@ def _call_extras(c: Completion) -> dict[str, Any]:
 class Episode:
     """One episode in play: the table, its agents and what their calls used."""
 
-    def __init__(self, config: EpisodeConfig, spec: ModelSpec, settings: AgentSettings,
-                 gateway: Gateway) -> None:
+    def __init__(self, config: EpisodeConfig, spec: ModelSpec, settings: AgentSettings, gateway: Gateway) -> None:
         self.config = config
         self.spec = spec
         self.settings = settings
@@ -83,9 +85,13 @@ class Episode:
         self.tools = tool_specs(config.protocol) if spec.tools else None
         prompt = settings.prompt
         self.agents = [
-            Agent(i, prompt.system(config.protocol, config.n, i, schedule=config.schedule,
-                                   tools=spec.tools),
-                  config.protocol, memory=settings.memory, tools=spec.tools)
+            Agent(
+                i,
+                prompt.system(config.protocol, config.n, i, schedule=config.schedule, tools=spec.tools),
+                config.protocol,
+                memory=settings.memory,
+                tools=spec.tools,
+            )
             for i in range(config.n)
         ]
         # This round's messages in the order written, and how many each seat has read.
@@ -95,7 +101,9 @@ class Episode:
 
     async def _call(self, messages: list[dict[str, Any]], *, talk: bool) -> Completion:
         completion = await self.gateway.complete(
-            self.spec, messages, tools=self.tools,
+            self.spec,
+            messages,
+            tools=self.tools,
             tool_choice=("none" if talk else self.spec.tool_choice) if self.tools else None,
         )
         self.usage.add(completion)
@@ -104,7 +112,7 @@ class Episode:
     def _unread(self, i: int) -> list[dict[str, Any]]:
         n = self.config.n
         neighbours = {(i - 1) % n, (i + 1) % n}
-        new = [m for m in self.board[self.read[i]:] if m["from"] in neighbours and m["text"]]
+        new = [m for m in self.board[self.read[i] :] if m["from"] in neighbours and m["text"]]
         self.read[i] = len(self.board)
         return new
 
@@ -204,8 +212,9 @@ async def _all(coros: list[Any]) -> list[Any]:
         raise
 
 
-async def play_episode(config: EpisodeConfig, spec: ModelSpec, settings: AgentSettings,
-                       gateway: Gateway) -> dict[str, Any]:
+async def play_episode(
+    config: EpisodeConfig, spec: ModelSpec, settings: AgentSettings, gateway: Gateway
+) -> dict[str, Any]:
     """Play one episode with model philosophers and return its record."""
     return await Episode(config, spec, settings, gateway).play()
 
@@ -287,8 +296,7 @@ async def run_models_async(
                     if progress is not None:
                         progress(None, stats)
                     continue
-                running.add(asyncio.ensure_future(
-                    play_episode(config, specs[config.model], settings, gateway)))
+                running.add(asyncio.ensure_future(play_episode(config, specs[config.model], settings, gateway)))
             if not running:
                 break
             finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -309,9 +317,15 @@ async def run_models_async(
     return stats
 
 
-def run_models(configs: Iterable[EpisodeConfig], specs: dict[str, ModelSpec],
-               settings: AgentSettings, write: Callable[[dict[str, Any]], None], *,
-               limits: Any = None, **kwargs: Any) -> ModelRunStats:
+def run_models(
+    configs: Iterable[EpisodeConfig],
+    specs: dict[str, ModelSpec],
+    settings: AgentSettings,
+    write: Callable[[dict[str, Any]], None],
+    *,
+    limits: Any = None,
+    **kwargs: Any,
+) -> ModelRunStats:
     """Synchronous entry point for commands: one event loop for the whole run."""
     from dphil.agents.llm import Limits
 
@@ -332,9 +346,15 @@ class ModelPlan:
     variants: dict[str, dict[str, Any]]
 
 
-def plan_models(models: Iterable[str], *, registry_files: Iterable[str] = (),
-                prompt: str = "default", prompt_file: str | None = None, memory: str = "full",
-                talk: int = 0) -> ModelPlan:
+def plan_models(
+    models: Iterable[str],
+    *,
+    registry_files: Iterable[str] = (),
+    prompt: str = "default",
+    prompt_file: str | None = None,
+    memory: str = "full",
+    talk: int = 0,
+) -> ModelPlan:
     """Resolve model names through the registry and fix the prompt, memory and talk settings.
 
     Reads only TOML and the prompt file: litellm is not imported here.
@@ -343,9 +363,7 @@ def plan_models(models: Iterable[str], *, registry_files: Iterable[str] = (),
     from dphil.agents.prompts import get_prompt
     from dphil.agents.registry import Registry
 
-    settings = AgentSettings(get_prompt(prompt, prompt_file), memory=parse_memory(memory),
-                             talk=talk)
+    settings = AgentSettings(get_prompt(prompt, prompt_file), memory=parse_memory(memory), talk=talk)
     registry = Registry.load(registry_files)
     specs = {m: registry.resolve(m) for m in models}
-    return ModelPlan(specs, settings,
-                     {m: model_variant(spec, settings) for m, spec in specs.items()})
+    return ModelPlan(specs, settings, {m: model_variant(spec, settings) for m, spec in specs.items()})

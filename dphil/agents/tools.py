@@ -19,8 +19,7 @@ ACTION_DESCRIPTIONS: dict[str, dict[str, str]] = {
         "pick-up-right": "Pick up your right fork. Fails if someone already holds it.",
         "put-down-left": "Put down your left fork so your left neighbour can use it.",
         "put-down-right": "Put down your right fork so your right neighbour can use it.",
-        "eat": "Eat one meal. Works only while you hold both of your forks; "
-        "you keep holding them afterwards.",
+        "eat": "Eat one meal. Works only while you hold both of your forks; you keep holding them afterwards.",
         "think": "Do nothing this round.",
     },
     "dpbench": {

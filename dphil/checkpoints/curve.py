@@ -57,8 +57,7 @@ def run_curve(items: Iterable[Located], *, metric: str | None = None) -> RunCurv
         sel = record.get("selection")
         if sel is not None:
             if not isinstance(sel, dict) or not isinstance(sel.get("metric"), str):
-                raise DataError("field 'selection' should be an object with a 'metric'",
-                                source=source, line=line)
+                raise DataError("field 'selection' should be an object with a 'metric'", source=source, line=line)
             chosen.append(record)
     if not checkpoints:
         raise DataError("no checkpoint records in the input")
@@ -79,16 +78,13 @@ def curve_image(curve: RunCurve, fmt: str, *, title: str | None = None) -> bytes
             y = sel["score"] if sel["metric"] == curve.metric else None
             if y is None:
                 y = _value_at(curve.curves, record.get("run"), record["step"], sel.get("source"))
-            _mark_chosen(ax, record["step"], y, first=i == 0,
-                         label=f"chosen: step {record['step']}")
+            _mark_chosen(ax, record["step"], y, first=i == 0, label=f"chosen: step {record['step']}")
         if curve.chosen:
             last = curve.chosen[0]["selection"].get("last_step")
             if is_int(last) and last != curve.chosen[0]["step"]:
-                ax.axvline(last, color="red", linestyle="--", linewidth=1, alpha=0.7,
-                           label=f"last step ({last})")
+                ax.axvline(last, color="red", linestyle="--", linewidth=1, alpha=0.7, label=f"last step ({last})")
         if not curve.curves:
-            ax.text(0.5, 0.5, f"no {curve.metric} in these records", ha="center",
-                    transform=ax.transAxes)
+            ax.text(0.5, 0.5, f"no {curve.metric} in these records", ha="center", transform=ax.transAxes)
         ax.set_xlabel("checkpoint step")
         goal = "higher is better" if METRICS[curve.metric].maximise else "lower is better"
         ax.set_ylabel(f"{curve.metric} ({goal})")
@@ -119,18 +115,22 @@ def plot_selection(selection: Selection, path: str | Path, *, title: str | None 
         runs = list(dict.fromkeys(c.run for c in selection.curves))
         _draw_curves(plt, ax, selection.curves, runs)
         for i, record in enumerate(selection.chosen):
-            _mark_chosen(ax, record["step"], record["selection"]["score"], first=i == 0,
-                         label="chosen")
+            _mark_chosen(ax, record["step"], record["selection"]["score"], first=i == 0, label="chosen")
         first = selection.chosen[0]["selection"]
-        ax.axvline(first["last_step"], color="red", linestyle="--", linewidth=1, alpha=0.7,
-                   label=f"last step ({first['last_step']})")
+        ax.axvline(
+            first["last_step"],
+            color="red",
+            linestyle="--",
+            linewidth=1,
+            alpha=0.7,
+            label=f"last step ({first['last_step']})",
+        )
         ax.set_xlabel("checkpoint step")
         goal = "higher is better" if metric.maximise else "lower is better"
         ax.set_ylabel(f"{selection.metric} ({goal})")
         how = f"--by {selection.by}"
         if selection.by != "last":
-            how += f" --rule {first['rule']}" + (f" --smooth {first['smooth']}"
-                                                 if first["smooth"] > 1 else "")
+            how += f" --rule {first['rule']}" + (f" --smooth {first['smooth']}" if first["smooth"] > 1 else "")
         ax.set_title(title or f"{how}: chosen step {selection.chosen[0]['step']}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
@@ -148,8 +148,9 @@ def _pyplot(what: str) -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise MissingExtraError(f"{what} needs matplotlib: pip install 'dphil[plot]' "
-                                "(or pip install matplotlib)") from None
+        raise MissingExtraError(
+            f"{what} needs matplotlib: pip install 'dphil[plot]' (or pip install matplotlib)"
+        ) from None
     return plt
 
 
@@ -172,24 +173,45 @@ def _draw_curves(plt: Any, ax: Any, curves: Sequence[Curve], runs: Sequence[str 
         cis = [curve.points[s].ci for s in steps]
         banded = (curve.source == "val" or curve.run not in validated) and any(cis)
         style = "-" if curve.source == "val" else ":"
-        ax.plot(steps, means, style, marker="o", markersize=3, color=colour,
-                label=label + (", 95% CI" if banded and not many else ""),
-                gid=f"curve-{curve.source}-{run_index}")
+        ax.plot(
+            steps,
+            means,
+            style,
+            marker="o",
+            markersize=3,
+            color=colour,
+            label=label + (", 95% CI" if banded and not many else ""),
+            gid=f"curve-{curve.source}-{run_index}",
+        )
         if banded:
             lo = [ci[0] if ci else m for ci, m in zip(cis, means, strict=True)]
             hi = [ci[1] if ci else m for ci, m in zip(cis, means, strict=True)]
-            ax.fill_between(steps, lo, hi, color=colour, alpha=0.06 if many else 0.15,
-                            linewidth=0)
+            ax.fill_between(steps, lo, hi, color=colour, alpha=0.06 if many else 0.15, linewidth=0)
         if curve.smoothed and any(curve.smoothed[s] != curve.points[s] for s in steps):
-            ax.plot(steps, [curve.smoothed[s].mean for s in steps], "--", color=colour,
-                    alpha=0.8, label=f"{label}, smoothed")
+            ax.plot(
+                steps,
+                [curve.smoothed[s].mean for s in steps],
+                "--",
+                color=colour,
+                alpha=0.8,
+                label=f"{label}, smoothed",
+            )
 
 
 def _mark_chosen(ax: Any, step: int, y: float | None, *, first: bool, label: str) -> None:
     """A ring around the chosen point (SVG group id `chosen-STEP`) and, for the first, a line."""
     if y is not None:
-        ax.scatter([step], [y], s=160, facecolors="none", edgecolors="black", linewidths=1.5,
-                   zorder=5, label=label if first else None, gid=f"chosen-{step}")
+        ax.scatter(
+            [step],
+            [y],
+            s=160,
+            facecolors="none",
+            edgecolors="black",
+            linewidths=1.5,
+            zorder=5,
+            label=label if first else None,
+            gid=f"chosen-{step}",
+        )
     if first:
         ax.axvline(step, color="black", linewidth=1, alpha=0.6)
 

@@ -82,8 +82,7 @@ def export_adapter(record: dict[str, Any], dest: str | Path) -> Path:
     return dest.resolve()
 
 
-def merge_adapter(record: dict[str, Any], dest: str | Path, *,
-                  base_model: str | None = None) -> Path:
+def merge_adapter(record: dict[str, Any], dest: str | Path, *, base_model: str | None = None) -> Path:
     """Merge the checked adapter into its base weights (peft `merge_and_unload`) at `dest`.
 
     `base_model` overrides where the base weights are loaded from (a local copy
@@ -95,15 +94,17 @@ def merge_adapter(record: dict[str, Any], dest: str | Path, *,
     src = adapter_dir(record)
     base = base_model or record.get("base_model") or config.get("base_model_name_or_path")
     if not base:
-        raise DataError(f"{_label(record)}: no base model to merge into (record, adapter config "
-                        "and --base-model are all silent)")
+        raise DataError(
+            f"{_label(record)}: no base model to merge into (record, adapter config and --base-model are all silent)"
+        )
     try:
         import torch  # noqa: F401 - peft needs it; fail here with a clear message
         from peft import PeftModel
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:
-        raise MissingExtraError(f"--merge needs torch, transformers and peft ({e.name} is "
-                                "missing): pip install 'dphil[train]'") from None
+        raise MissingExtraError(
+            f"--merge needs torch, transformers and peft ({e.name} is missing): pip install 'dphil[train]'"
+        ) from None
     dest = Path(dest)
     try:
         model = AutoModelForCausalLM.from_pretrained(base)
@@ -139,8 +140,7 @@ class _staging:
     def __enter__(self) -> Path:
         d = self.dest
         if d.exists() and not (d.is_dir() and not any(d.iterdir())):
-            raise DphilError(f"export destination exists and is not empty: {d}",
-                             exit_code=EX_CANTCREAT)
+            raise DphilError(f"export destination exists and is not empty: {d}", exit_code=EX_CANTCREAT)
         parent = d.resolve().parent
         try:
             parent.mkdir(parents=True, exist_ok=True)
@@ -160,8 +160,7 @@ class _staging:
             os.replace(self.tmp, self.dest)
         except OSError as e:
             shutil.rmtree(self.tmp, ignore_errors=True)
-            raise DphilError(f"cannot move the export into {self.dest}: {e}",
-                             exit_code=EX_CANTCREAT) from None
+            raise DphilError(f"cannot move the export into {self.dest}: {e}", exit_code=EX_CANTCREAT) from None
 
 
 def _label(record: dict[str, Any]) -> str:

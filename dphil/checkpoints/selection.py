@@ -67,6 +67,7 @@ _EPS = 1e-12
 
 # -- records ---------------------------------------------------------------------------
 
+
 @dataclass
 class Checkpoint:
     """One saved adapter: its record as read, and the fields selection uses."""
@@ -107,8 +108,7 @@ class Inputs:
 
 
 def _is_number(value: Any) -> bool:
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value))
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _where(source: str, line: int) -> str:
@@ -208,11 +208,9 @@ def read_inputs(items: Iterable[Located]) -> Inputs:
                 continue
             step = record.get("checkpoint_step")
             if step is None:
-                raise DataError("episode has no 'checkpoint_step': cannot tell which checkpoint "
-                                "it validates")
+                raise DataError("episode has no 'checkpoint_step': cannot tell which checkpoint it validates")
             if not is_int(step) or step < 0:
-                raise DataError(f"field 'checkpoint_step' should be a non-negative integer, "
-                                f"got {step!r}")
+                raise DataError(f"field 'checkpoint_step' should be a non-negative integer, got {step!r}")
             run = record.get("run")
             if run is not None and not isinstance(run, str):
                 raise DataError(f"field 'run' should be a string, got {run!r}")
@@ -222,9 +220,7 @@ def read_inputs(items: Iterable[Located]) -> Inputs:
             values = _episode_values(record)
         except DataError as e:
             raise e.at(source, line) from None
-        inputs.episodes.append(
-            ValEpisode(run, step, _where(source, line), values, _reward_key(record))
-        )
+        inputs.episodes.append(ValEpisode(run, step, _where(source, line), values, _reward_key(record)))
     return inputs
 
 
@@ -265,8 +261,9 @@ def _dedupe(checkpoints: Sequence[Checkpoint]) -> list[Checkpoint]:
         if earlier is None:
             seen[c.key] = c
         elif _without_selection(earlier.record) != _without_selection(c.record):
-            raise DataError(f"two different checkpoint records for {c.label()} "
-                            f"(also at {earlier.where})", source=c.where)
+            raise DataError(
+                f"two different checkpoint records for {c.label()} (also at {earlier.where})", source=c.where
+            )
     return sorted(seen.values(), key=lambda c: (runs[c.run], c.step))
 
 
@@ -275,6 +272,7 @@ def _without_selection(record: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- statistics ------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Stat:
@@ -315,6 +313,7 @@ def t_quantile(p: float, df: int) -> float:
 
 
 # -- selection -------------------------------------------------------------------------
+
 
 @dataclass
 class Candidate:
@@ -403,11 +402,14 @@ def select(
     if by is None:
         by = "val" if has_val else "train"
     if by == "val" and not has_val:
-        raise DataError(f"--by val: no validation episodes tagged with checkpoint_step and no "
-                        f"'{m.val_field}' field in the checkpoint records")
+        raise DataError(
+            f"--by val: no validation episodes tagged with checkpoint_step and no "
+            f"'{m.val_field}' field in the checkpoint records"
+        )
     if by == "last" and len(runs) > 1:
-        raise UsageError("--by last needs a single run; the input has "
-                         f"{', '.join(repr(r) for r in runs)}: choose one with --run")
+        raise UsageError(
+            f"--by last needs a single run; the input has {', '.join(repr(r) for r in runs)}: choose one with --run"
+        )
 
     curves = {"train": train_curves, "val": val_curves}
     source = by if by != "last" else ("val" if has_val else "train")
@@ -430,8 +432,9 @@ def select(
     chosen: list[dict[str, Any]] = []
     for rank, (ckpt, stat) in enumerate(order[:top], start=1):
         last_step = last[ckpt.run]
-        last_pos = next((i for i, (c, _) in enumerate(order, start=1)
-                         if c.run == ckpt.run and c.step == last_step), None)
+        last_pos = next(
+            (i for i, (c, _) in enumerate(order, start=1) if c.run == ckpt.run and c.step == last_step), None
+        )
         last_stat = order[last_pos - 1][1] if last_pos is not None else None
         selection: dict[str, Any] = {
             "by": by,
@@ -467,8 +470,7 @@ def record_curves(checkpoints: Sequence[Checkpoint], metric: str = "reward") -> 
     m = METRICS[metric]
     checkpoints = _dedupe(checkpoints)
     runs = _ordered_runs(checkpoints)
-    curves = [*_train_curves(checkpoints, m, runs).values(),
-              *_val_curves(checkpoints, {}, m, runs).values()]
+    curves = [*_train_curves(checkpoints, m, runs).values(), *_val_curves(checkpoints, {}, m, runs).values()]
     return [c for c in curves if c.points]
 
 
@@ -479,8 +481,9 @@ def _ordered_runs(checkpoints: Sequence[Checkpoint]) -> list[str | None]:
     return list(runs)
 
 
-def _assign(checkpoints: Sequence[Checkpoint],
-            episodes: Sequence[ValEpisode]) -> dict[tuple[str | None, int], list[ValEpisode]]:
+def _assign(
+    checkpoints: Sequence[Checkpoint], episodes: Sequence[ValEpisode]
+) -> dict[tuple[str | None, int], list[ValEpisode]]:
     """Attach each validation episode to its checkpoint; unknown steps are a data error.
 
     An episode without `run` belongs to the one run that has its step; if
@@ -496,9 +499,12 @@ def _assign(checkpoints: Sequence[Checkpoint],
         if e.run is None:
             owners = by_step.get(e.step, [])
             if len(owners) > 1:
-                raise DataError(f"validation episode for step {e.step} names no run and runs "
-                                f"{', '.join(repr(r) for r in owners)} all have that step: "
-                                "choose one with --run", source=e.where)
+                raise DataError(
+                    f"validation episode for step {e.step} names no run and runs "
+                    f"{', '.join(repr(r) for r in owners)} all have that step: "
+                    "choose one with --run",
+                    source=e.where,
+                )
             key = (owners[0], e.step) if owners else (None, e.step)
         else:
             key = (e.run, e.step)
@@ -517,9 +523,12 @@ def _assign(checkpoints: Sequence[Checkpoint],
     return assigned
 
 
-def _val_curves(checkpoints: Sequence[Checkpoint],
-                assigned: dict[tuple[str | None, int], list[ValEpisode]],
-                m: Metric, runs: Sequence[str | None]) -> dict[str | None, Curve]:
+def _val_curves(
+    checkpoints: Sequence[Checkpoint],
+    assigned: dict[tuple[str | None, int], list[ValEpisode]],
+    m: Metric,
+    runs: Sequence[str | None],
+) -> dict[str | None, Curve]:
     curves = {r: Curve(r, "val", {}, {}) for r in runs}
     scorings: dict[str, str] = {}
     for c in checkpoints:
@@ -529,8 +538,11 @@ def _val_curves(checkpoints: Sequence[Checkpoint],
             for e in eps:
                 v = e.values[m.name]
                 if v is None:
-                    what = ("not scored: pipe it through dphil-score" if m.name == "reward"
-                            else "has no rounds_played or metrics.throughput_per_round")
+                    what = (
+                        "not scored: pipe it through dphil-score"
+                        if m.name == "reward"
+                        else "has no rounds_played or metrics.throughput_per_round"
+                    )
                     raise DataError(f"validation episode {what}", source=e.where)
                 if m.name == "reward" and e.reward_key is not None:
                     scorings.setdefault(e.reward_key, e.where)
@@ -540,13 +552,15 @@ def _val_curves(checkpoints: Sequence[Checkpoint],
             curves[c.run].points[c.step] = _record_stat(c.record, m.val_field, "val_episodes")
     if len(scorings) > 1:
         listed = "; ".join(f"{k} (first at {w})" for k, w in scorings.items())
-        raise DataError("validation episodes were scored with different rewards: " + listed
-                        + "; re-score them together with dphil-score")
+        raise DataError(
+            "validation episodes were scored with different rewards: "
+            + listed
+            + "; re-score them together with dphil-score"
+        )
     return curves
 
 
-def _train_curves(checkpoints: Sequence[Checkpoint], m: Metric,
-                  runs: Sequence[str | None]) -> dict[str | None, Curve]:
+def _train_curves(checkpoints: Sequence[Checkpoint], m: Metric, runs: Sequence[str | None]) -> dict[str | None, Curve]:
     curves = {r: Curve(r, "train", {}, {}) for r in runs}
     for c in checkpoints:
         if _is_number(c.record.get(m.train_field)):
@@ -581,7 +595,7 @@ def _smooth(points: dict[int, Stat], k: int) -> dict[int, Stat]:
     half = k // 2
     out: dict[int, Stat] = {}
     for i, step in enumerate(steps):
-        window = [points[s] for s in steps[max(0, i - half): i + half + 1]]
+        window = [points[s] for s in steps[max(0, i - half) : i + half + 1]]
         mean = math.fsum(s.mean for s in window) / len(window)
         ses = [s.se for s in window]
         if all(se is not None for se in ses):
@@ -594,8 +608,13 @@ def _smooth(points: dict[int, Stat], k: int) -> dict[int, Stat]:
     return out
 
 
-def _candidates(checkpoints: Sequence[Checkpoint], curves: dict[str | None, Curve],
-                runs: Sequence[str | None], source: str, notes: list[str]) -> list[Candidate]:
+def _candidates(
+    checkpoints: Sequence[Checkpoint],
+    curves: dict[str | None, Curve],
+    runs: Sequence[str | None],
+    source: str,
+    notes: list[str],
+) -> list[Candidate]:
     run_index = {r: i for i, r in enumerate(runs)}
     out: list[Candidate] = []
     unscored: list[str] = []

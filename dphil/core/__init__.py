@@ -6,10 +6,25 @@ Pure Python with no I/O beyond record serialisation; every later stage builds on
 from dphil._face import lazy_face
 
 _EXPORTS = {
-    "table": ('Table', 'Observation', 'protocol_actions',),
-    "policies": ('get_policy',),
-    "records": ('EpisodeConfig', 'episode_id', 'episode_record', 'check_episode', 'SCHEMA_VERSION',),
-    "episode": ('play', 'play_line', 'replay', 'Outcome',),
+    "table": (
+        "Table",
+        "Observation",
+        "protocol_actions",
+    ),
+    "policies": ("get_policy",),
+    "records": (
+        "EpisodeConfig",
+        "episode_id",
+        "episode_record",
+        "check_episode",
+        "SCHEMA_VERSION",
+    ),
+    "episode": (
+        "play",
+        "play_line",
+        "replay",
+        "Outcome",
+    ),
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
 __getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

@@ -125,8 +125,12 @@ def replay(record: dict[str, Any]) -> Outcome:
         return _replay(record)
     try:
         key = (
-            record["n"], record["rounds"], record["protocol"], record["schedule"],
-            record.get("conflict"), record.get("deadlock_mode", "terminal"),
+            record["n"],
+            record["rounds"],
+            record["protocol"],
+            record["schedule"],
+            record.get("conflict"),
+            record.get("deadlock_mode", "terminal"),
             orjson.dumps(turns),  # canonical enough: equal bytes mean equal turns, types included
         )
         cached = _cache.get(key)
@@ -189,15 +193,20 @@ def _quick_pass(record: dict[str, Any]) -> Outcome:
     if not total or total % n:
         raise _Recheck
     chunk: list = []
-    table = Table(n, record["rounds"], protocol=record["protocol"],
-                  deadlock_mode=record.get("deadlock_mode", "terminal"), resolve=recorded_winner(record, chunk))
+    table = Table(
+        n,
+        record["rounds"],
+        protocol=record["protocol"],
+        deadlock_mode=record.get("deadlock_mode", "terminal"),
+        resolve=recorded_winner(record, chunk),
+    )
     play_round = table.resolve_round if record["schedule"] == "simultaneous" else table.resolve_sequential_round
     end_round = table.end_round
     played: list = []
     for k in range(0, total, n):
         if table.over:
             raise _Recheck
-        chunk[:] = turns[k:k + n]
+        chunk[:] = turns[k : k + n]
         actions: list = [None] * n
         for t in chunk:
             actions[t["philosopher"]] = t["action"]
@@ -205,8 +214,14 @@ def _quick_pass(record: dict[str, Any]) -> Outcome:
         played += actions
         # A scripted record's round compares whole in C; a model's turns also carry replies and usage.
         if chunk != got and not all(
-            w == g or (w["round"] == g["round"] and w["philosopher"] == g["philosopher"] and w["ok"] is g["ok"]
-                       and w["reason"] == g["reason"]) for w, g in zip(chunk, got, strict=True)
+            w == g
+            or (
+                w["round"] == g["round"]
+                and w["philosopher"] == g["philosopher"]
+                and w["ok"] is g["ok"]
+                and w["reason"] == g["reason"]
+            )
+            for w, g in zip(chunk, got, strict=True)
         ):
             raise _Recheck
         end_round()
@@ -221,8 +236,13 @@ def _careful_pass(record: dict[str, Any]) -> Outcome:
     turns = record["turns"]
     chunk: list = []
     try:
-        table = Table(n, rounds, protocol=record["protocol"],
-                      deadlock_mode=record.get("deadlock_mode", "terminal"), resolve=recorded_winner(record, chunk))
+        table = Table(
+            n,
+            rounds,
+            protocol=record["protocol"],
+            deadlock_mode=record.get("deadlock_mode", "terminal"),
+            resolve=recorded_winner(record, chunk),
+        )
     except ValueError as e:
         raise DataError(str(e)) from None
     simultaneous = record["schedule"] == "simultaneous"
@@ -232,15 +252,17 @@ def _careful_pass(record: dict[str, Any]) -> Outcome:
         r = table.round
         if table.over:
             raise DataError(f"the episode ended at round {r} but turns[{k}] continues it")
-        chunk[:] = turns[k:k + n]
+        chunk[:] = turns[k : k + n]
         actions: list = [None] * n
         seen = 0
         for j, t in enumerate(chunk, k):
             try:
                 i = t["philosopher"]
                 if t["round"] != r:
-                    raise DataError(f"turns[{j}] is in round {t['round']!r}; expected round {r} "
-                                    f"(each round has one turn per philosopher)")
+                    raise DataError(
+                        f"turns[{j}] is in round {t['round']!r}; expected round {r} "
+                        f"(each round has one turn per philosopher)"
+                    )
                 if not 0 <= i < n or type(i) is not int:
                     raise DataError(f"turns[{j}] has philosopher {i!r} outside the table of {n}")
                 actions[i] = t["action"]
@@ -262,20 +284,21 @@ def _careful_pass(record: dict[str, Any]) -> Outcome:
             if want == got:
                 continue
             try:
-                same = (want["philosopher"] == got["philosopher"] and want["ok"] is got["ok"]
-                        and want["reason"] == got["reason"])
+                same = (
+                    want["philosopher"] == got["philosopher"]
+                    and want["ok"] is got["ok"]
+                    and want["reason"] == got["reason"]
+                )
             except KeyError as e:
                 raise DataError(f"turns[{j}] is missing field {e.args[0]!r}") from None
             if not same:
                 raise DataError(
-                    f"turns[{j}] disagrees with the table: recorded {_turn_text(want)}, "
-                    f"replay gives {_turn_text(got)}"
+                    f"turns[{j}] disagrees with the table: recorded {_turn_text(want)}, replay gives {_turn_text(got)}"
                 )
         table.end_round()
         k += n
     if total and not table.over:
-        raise DataError(f"the record stops after round {table.round - 1} of {rounds} with no deadlock "
-                        "to end it")
+        raise DataError(f"the record stops after round {table.round - 1} of {rounds} with no deadlock to end it")
     return _outcome(table, action_counts(turns, record["protocol"]))
 
 

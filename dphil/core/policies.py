@@ -93,10 +93,8 @@ def hierarchy(table: Table, i: int, rng: random.Random) -> str | None:
 
 
 # (take lower fork, take higher fork, drop higher fork), by "is the paper protocol".
-_LEFT_FIRST = {True: ("pick-up-left", "pick-up-right", "put-down-right"),
-               False: ("grab-left", "grab-right", "release")}
-_RIGHT_FIRST = {True: ("pick-up-right", "pick-up-left", "put-down-left"),
-                False: ("grab-right", "grab-left", "release")}
+_LEFT_FIRST = {True: ("pick-up-left", "pick-up-right", "put-down-right"), False: ("grab-left", "grab-right", "release")}
+_RIGHT_FIRST = {True: ("pick-up-right", "pick-up-left", "put-down-left"), False: ("grab-right", "grab-left", "release")}
 
 
 def idle(table: Table, i: int, rng: random.Random) -> str | None:

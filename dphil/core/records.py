@@ -21,7 +21,6 @@ from dphil.io.errors import DataError
 SCHEMA_VERSION = 2
 
 
-
 @dataclass(frozen=True)
 class EpisodeConfig:
     """Everything that determines an episode, and so its id.
@@ -99,9 +98,15 @@ class EpisodeConfig:
 
     def identity(self) -> dict[str, Any]:
         return {
-            "model": self.model, "n": self.n, "rounds": self.rounds, "seed": self.seed,
-            "protocol": self.protocol, "schedule": self.schedule, "conflict": self.conflict,
-            "deadlock_mode": self.deadlock_mode, **self.variant,
+            "model": self.model,
+            "n": self.n,
+            "rounds": self.rounds,
+            "seed": self.seed,
+            "protocol": self.protocol,
+            "schedule": self.schedule,
+            "conflict": self.conflict,
+            "deadlock_mode": self.deadlock_mode,
+            **self.variant,
         }
 
     def header(self) -> dict[str, Any]:
@@ -145,7 +150,7 @@ def _around_seed(identity: dict[str, Any], variant: dict[str, Any]) -> tuple[byt
     if data.count(marker) != 1:  # a nested "seed" in a variant value: hash the whole identity each time
         return ()
     cut = data.index(marker) + len(marker) - 1
-    return data[:cut], data[cut + 1:]
+    return data[:cut], data[cut + 1 :]
 
 
 def episode_record(
@@ -192,11 +197,19 @@ _STATUSES = ("complete", "error")
 def check_episode(record: dict[str, Any]) -> None:
     """Raise DataError naming the first missing or ill-typed field of an episode record."""
     try:  # the common case, checked in one expression; anything off falls through to say what
-        if (record.get("kind", "episode") == "episode" and type(record["n"]) is int
-                and type(record["rounds"]) is int and type(record["seed"]) is int
-                and type(record["turns"]) is list and type(record["meals"]) is list
-                and record["status"] in _STATUSES and record["protocol"] in PROTOCOLS
-                and record["schedule"] in SCHEDULES and record["n"] >= 2 and record["rounds"] >= 1):
+        if (
+            record.get("kind", "episode") == "episode"
+            and type(record["n"]) is int
+            and type(record["rounds"]) is int
+            and type(record["seed"]) is int
+            and type(record["turns"]) is list
+            and type(record["meals"]) is list
+            and record["status"] in _STATUSES
+            and record["protocol"] in PROTOCOLS
+            and record["schedule"] in SCHEDULES
+            and record["n"] >= 2
+            and record["rounds"] >= 1
+        ):
             return
     except (KeyError, TypeError):
         pass
@@ -236,8 +249,15 @@ def checked_outcome(record: dict[str, Any]) -> tuple[list[int], bool]:
 
 
 def _type_name(typ: type | tuple[type, ...]) -> str:
-    names = {int: "an integer", str: "a string", list: "a list", dict: "an object", bool: "a boolean",
-             float: "a number", type(None): "null"}
+    names = {
+        int: "an integer",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+        bool: "a boolean",
+        float: "a number",
+        type(None): "null",
+    }
     if isinstance(typ, tuple):
         return " or ".join(names.get(t, t.__name__) for t in typ)
     return names.get(typ, typ.__name__)

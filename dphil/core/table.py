@@ -413,7 +413,6 @@ class Table:
         return self.round
 
 
-
 # Building a five-key dict is the largest single cost of a round, so each distinct
 # turn of a (protocol, round) is built once and kept in a slot by [philosopher]
 # [opcode][outcome]: rollouts copy it out (a copy is half the price), replays
@@ -427,8 +426,10 @@ _SLOTS: dict[str, list[list[list[list[dict | None]]] | None]] = {
     protocol: [None] * (_CACHED_ROUNDS + 1) for protocol in PROTOCOLS
 }
 _UNCACHED: tuple[tuple[None, ...], ...] = ((None,) * 8,) * 8  # a philosopher's slots that keep nothing
-_NAMES = {protocol: tuple(next((a for a, c in codes.items() if c == k), None) for k in range(8))
-          for protocol, codes in PROTOCOLS.items()}
+_NAMES = {
+    protocol: tuple(next((a for a, c in codes.items() if c == k), None) for k in range(8))
+    for protocol, codes in PROTOCOLS.items()
+}
 
 
 def _turn_slots(protocol: str, rnd: int, n: int) -> list:
@@ -444,8 +445,13 @@ def _turn_slots(protocol: str, rnd: int, n: int) -> list:
 
 
 def _new_turn(slots: list, protocol: str, rnd: int, i: int, code: int, out: int) -> dict:
-    turn = {"round": rnd, "philosopher": i, "action": _NAMES[protocol][code], "ok": out == OK,
-            "reason": _REASON_OF[out]}
+    turn = {
+        "round": rnd,
+        "philosopher": i,
+        "action": _NAMES[protocol][code],
+        "ok": out == OK,
+        "reason": _REASON_OF[out],
+    }
     row = slots[i]
     if row is _UNCACHED:
         return turn

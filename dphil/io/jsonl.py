@@ -165,8 +165,14 @@ def _json_problem(line: bytes, error: Exception) -> str:
 
 
 def _json_type(value: Any) -> str:
-    return {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
-            type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        list: "an array",
+        str: "a string",
+        int: "a number",
+        float: "a number",
+        bool: "a boolean",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _size(nbytes: int) -> str:
@@ -198,8 +204,14 @@ class RecordWriter:
     is flushed at the first write FLUSH_SECONDS after the last flush.
     """
 
-    def __init__(self, path: str | None = None, *, mode: str = "atomic", stdout_fd: int | None = None,
-                 line_buffered: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | None = None,
+        *,
+        mode: str = "atomic",
+        stdout_fd: int | None = None,
+        line_buffered: bool = False,
+    ) -> None:
         self.path = path
         self.line_buffered = line_buffered
         self.mode = mode
@@ -236,8 +248,10 @@ class RecordWriter:
         self._chunks.append(line)
         self._size += len(line)
         self.count += 1
-        if self.line_buffered or self._size >= _BUFFER_BYTES or (
-            self._stream and time.monotonic() - self._last_flush >= FLUSH_SECONDS
+        if (
+            self.line_buffered
+            or self._size >= _BUFFER_BYTES
+            or (self._stream and time.monotonic() - self._last_flush >= FLUSH_SECONDS)
         ):
             self.flush()
 
@@ -267,7 +281,7 @@ class RecordWriter:
                 torn = done and data[done - 1] != 0x0A
                 tail = view[: data.find(b"\n", done) + 1 - done] if torn else view[:0]
                 while tail:
-                    tail = tail[os.write(self._fd, tail):]
+                    tail = tail[os.write(self._fd, tail) :]
                 raise
         except BrokenPipeError:
             self.broken_pipe = True

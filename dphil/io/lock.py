@@ -91,10 +91,13 @@ class OutputLock:
             if time.monotonic() >= deadline:
                 who = f"pid {holder}" if holder else "another process"
                 if wait > 0:
-                    raise LockBusy(f"{self.target}: still being written by {who} after waiting "
-                                   f"{wait:g} s (lock file {self.path})")
-                raise LockBusy(f"{self.target}: being written by {who} (lock file {self.path}); "
-                               "wait for it with --wait-lock SECONDS")
+                    raise LockBusy(
+                        f"{self.target}: still being written by {who} after waiting {wait:g} s (lock file {self.path})"
+                    )
+                raise LockBusy(
+                    f"{self.target}: being written by {who} (lock file {self.path}); "
+                    "wait for it with --wait-lock SECONDS"
+                )
             if not told and on_wait is not None:
                 on_wait(holder)
                 told = True
@@ -114,8 +117,7 @@ class OutputLock:
         try:
             return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as e:
-            raise LockUnavailable(f"{self.target}: cannot create the lock file {self.path}: "
-                                  f"{e.strerror}") from None
+            raise LockUnavailable(f"{self.target}: cannot create the lock file {self.path}: {e.strerror}") from None
 
     def __enter__(self) -> OutputLock:
         if not self.held:
@@ -127,8 +129,9 @@ class OutputLock:
 
 
 @contextlib.contextmanager
-def locked(targets: Iterable[str | os.PathLike | None], wait: float = 0.0,
-           on_wait: Callable[[str, int], None] | None = None) -> Iterator[list[OutputLock]]:
+def locked(
+    targets: Iterable[str | os.PathLike | None], wait: float = 0.0, on_wait: Callable[[str, int], None] | None = None
+) -> Iterator[list[OutputLock]]:
     """Hold the locks of every named output (None and `-` mean stdout: nothing to lock).
 
     A device or FIFO (`-o /dev/null`) is written in place and is not a journal, so it
@@ -139,8 +142,9 @@ def locked(targets: Iterable[str | os.PathLike | None], wait: float = 0.0,
     same outputs cannot deadlock, each waiting up to `wait` seconds, and all are
     released on the way out.
     """
-    wanted = sorted({str(lock_path(t)): t for t in targets
-                     if t is not None and str(t) != "-" and not is_special(t)}.items())
+    wanted = sorted(
+        {str(lock_path(t)): t for t in targets if t is not None and str(t) != "-" and not is_special(t)}.items()
+    )
     held: list[OutputLock] = []
     try:
         for _, target in wanted:

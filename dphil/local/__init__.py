@@ -7,10 +7,28 @@ only when a model is actually loaded.
 from dphil._face import lazy_face
 
 _EXPORTS = {
-    "entries": ('is_local', 'LocalSettings', 'LocalEntry', 'checkpoint_entries', 'run_local', 'HF_PREFIX',),
-    "model": ('LocalModel', 'load_pretrained', 'load_adapter', 'LORA_TARGETS',),
-    "packing": ('pack', 'PackedBatch',),
-    "play": ('play_episodes', 'Played',),
+    "entries": (
+        "is_local",
+        "LocalSettings",
+        "LocalEntry",
+        "checkpoint_entries",
+        "run_local",
+        "HF_PREFIX",
+    ),
+    "model": (
+        "LocalModel",
+        "load_pretrained",
+        "load_adapter",
+        "LORA_TARGETS",
+    ),
+    "packing": (
+        "pack",
+        "PackedBatch",
+    ),
+    "play": (
+        "play_episodes",
+        "Played",
+    ),
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
 __getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

@@ -51,8 +51,13 @@ class LocalSettings:
 
     def variant(self) -> dict[str, Any]:
         prompt = self.prompt_obj()
-        return {"prompt": prompt.name, "prompt_version": prompt.version, "memory": self.memory,
-                "decode": self.decode, "temperature": self.temperature}
+        return {
+            "prompt": prompt.name,
+            "prompt_version": prompt.version,
+            "memory": self.memory,
+            "decode": self.decode,
+            "temperature": self.temperature,
+        }
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,7 @@ class LocalEntry:
 
     @property
     def path(self) -> str:
-        return self.model[len(HF_PREFIX):]
+        return self.model[len(HF_PREFIX) :]
 
     def variant(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.tags)
@@ -91,8 +96,7 @@ def checkpoint_entries(sources: Sequence[str], *, run: str | None = None) -> lis
             tags.insert(0, ("run", ckpt.run))
         entries.append(LocalEntry(model=f"{HF_PREFIX}{base}", adapter=adapter, tags=tuple(tags)))
     if not entries:
-        raise DataError(f"no checkpoint records in {', '.join(sources)}"
-                        + (f" for run {run!r}" if run else ""))
+        raise DataError(f"no checkpoint records in {', '.join(sources)}" + (f" for run {run!r}" if run else ""))
     return entries
 
 
@@ -124,12 +128,19 @@ def run_local(
             continue
         model = LocalModel(entry.path, adapter=entry.adapter, device=settings.device, dtype=settings.dtype)
         for start in range(0, len(todo), settings.batch):
-            batch = todo[start:start + settings.batch]
+            batch = todo[start : start + settings.batch]
             # Sampling is seeded by the batch's first episode, so a rerun of the same command
             # plays the same episodes.
-            played = play_episodes(batch, model, prompt, decode=settings.decode, memory=memory,
-                                   temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
-                                   seed=batch[0].seed)
+            played = play_episodes(
+                batch,
+                model,
+                prompt,
+                decode=settings.decode,
+                memory=memory,
+                temperature=settings.temperature,
+                max_new_tokens=settings.max_new_tokens,
+                seed=batch[0].seed,
+            )
             for p in played:
                 write(p.record)
                 written += 1

@@ -61,8 +61,7 @@ def import_torch_stack() -> tuple[Any, Any]:
         import transformers
     except ImportError as e:
         raise MissingExtraError(
-            f"local models need torch and transformers ({e.name} is missing): "
-            "pip install 'dphil[train]'"
+            f"local models need torch and transformers ({e.name} is missing): pip install 'dphil[train]'"
         ) from None
     # Deprecation chatter from the stack is not the user's problem; stderr is for progress.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)\.")
@@ -85,9 +84,7 @@ def resolve_dtype(dtype: str, device: str) -> Any:
     if dtype == "auto":
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
     try:
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
-            dtype
-        ]
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     except KeyError:
         raise UsageError(f"--dtype: unknown {dtype!r} (auto, float32, bfloat16, float16)") from None
 
@@ -146,9 +143,7 @@ class LocalModel:
         self._candidate_cache: dict[tuple[str, ...], list[list[int]]] = {}
 
     # -- prompts -------------------------------------------------------------------------
-    def prompt_ids(
-        self, messages: list[dict[str, str]], tools: list[dict] | None = None
-    ) -> list[int]:
+    def prompt_ids(self, messages: list[dict[str, str]], tools: list[dict] | None = None) -> list[int]:
         """The chat template applied to a conversation, ending where the assistant speaks."""
         kwargs: dict[str, Any] = {"add_generation_prompt": True, "enable_thinking": False}
         if tools:
@@ -163,8 +158,7 @@ class LocalModel:
         if cached is None:
             eos = self.eos_ids[0]
             cached = [
-                [*self.tokenizer.encode(REPLY_FORMAT.format(action=a), add_special_tokens=False), eos]
-                for a in actions
+                [*self.tokenizer.encode(REPLY_FORMAT.format(action=a), add_special_tokens=False), eos] for a in actions
             ]
             self._candidate_cache[actions] = cached
         return cached
@@ -200,11 +194,7 @@ class LocalModel:
         gen = torch.Generator().manual_seed(seed)
         probs = scores.float().exp().cpu()
         # Temperature 0 is greedy: the most likely reply.
-        choice = (
-            probs.argmax(-1)
-            if temperature == 0
-            else torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-        )
+        choice = probs.argmax(-1) if temperature == 0 else torch.multinomial(probs, 1, generator=gen).squeeze(-1)
         out = []
         for d, prompt in enumerate(prompts):
             k = int(choice[d])
@@ -217,11 +207,7 @@ class LocalModel:
                     old_logprobs=[float(scores[d, k])],
                     candidate=k,
                     candidates=actions,
-                    extras={
-                        "action_probs": {
-                            a: round(float(probs[d, j]), 6) for j, a in enumerate(actions)
-                        }
-                    },
+                    extras={"action_probs": {a: round(float(probs[d, j]), 6) for j, a in enumerate(actions)}},
                 )
             )
         return out
@@ -269,9 +255,7 @@ class LocalModel:
                 text = self.tokenizer.decode(completion, skip_special_tokens=True)
                 out.append(Decision(list(p), completion, text, parse(text), []))
         with torch.no_grad():
-            lp, _ = self.token_logprobs(
-                [(d.prompt_ids, d.completion_ids) for d in out], temperature=temperature
-            )
+            lp, _ = self.token_logprobs([(d.prompt_ids, d.completion_ids) for d in out], temperature=temperature)
         for b, d in enumerate(out):
             c = len(d.completion_ids)
             d.old_logprobs = [float(x) for x in lp[b, lp.shape[1] - c :]] if c else []
@@ -293,9 +277,7 @@ class LocalModel:
         rows, masks = [], []
         width_c = max((len(c) for _, c in pairs), default=0)
         for start in range(0, len(pairs), self.micro_batch):
-            lp, mask = self._token_logprobs_chunk(
-                pairs[start : start + self.micro_batch], width_c, temperature
-            )
+            lp, mask = self._token_logprobs_chunk(pairs[start : start + self.micro_batch], width_c, temperature)
             rows.append(lp)
             masks.append(mask)
         if not rows:
@@ -325,8 +307,9 @@ class LocalModel:
         mask = mask.to(hidden.device)
         sel = mask.bool()
         targets = ids[:, width - width_c :]
-        vals = self._head_logprobs(hidden[:, width - width_c - 1 : width - 1][sel], targets[sel].unsqueeze(-1),
-                                   temperature or 1.0).squeeze(-1)
+        vals = self._head_logprobs(
+            hidden[:, width - width_c - 1 : width - 1][sel], targets[sel].unsqueeze(-1), temperature or 1.0
+        ).squeeze(-1)
         lp = torch.zeros(mask.shape, dtype=vals.dtype, device=vals.device).masked_scatter(sel, vals)
         return lp, mask
 
@@ -347,24 +330,34 @@ class LocalModel:
         seq = torch.cat(parts) if parts else torch.zeros((0, len(cands)), device=self.device)
         return torch.log_softmax(seq, dim=-1)
 
-    def _candidate_chunk(
-        self, prompts: Sequence[list[int]], cands: list[list[int]], temperature: float
-    ):
+    def _candidate_chunk(self, prompts: Sequence[list[int]], cands: list[list[int]], temperature: float):
         torch = self.torch
         d, k = len(prompts), len(cands)
         decoder, lm_head, _ = self._parts()
-        batch = pack(torch, prompts, cands, pad=self.tokenizer.pad_token_id, config=decoder.config,
-                     dtype=lm_head.weight.dtype, device=self.device)
-        hidden, _ = self._hidden(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                 position_ids=batch.position_ids, use_cache=False)
+        batch = pack(
+            torch,
+            prompts,
+            cands,
+            pad=self.tokenizer.pad_token_id,
+            config=decoder.config,
+            dtype=lm_head.weight.dtype,
+            device=self.device,
+        )
+        hidden, _ = self._hidden(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        )
         # Every candidate's first token is predicted by the prompt's last position: [D, K].
         head = self._head_logprobs(hidden[:, batch.last_prompt], batch.first_tokens.expand(d, k), temperature)
         r = batch.rest_columns.shape[0]
         if not r:
             return head
         # Each later token by the column before it, inside its own candidate.
-        vals = self._head_logprobs(hidden[:, batch.rest_columns].reshape(d * r, -1),
-                                   batch.rest_tokens.repeat(d).unsqueeze(-1), temperature).squeeze(-1)
+        vals = self._head_logprobs(
+            hidden[:, batch.rest_columns].reshape(d * r, -1), batch.rest_tokens.repeat(d).unsqueeze(-1), temperature
+        ).squeeze(-1)
         rows = (torch.arange(d, device=self.device).unsqueeze(-1) * k + batch.rest_candidate).reshape(-1)
         return head.reshape(-1).index_add(0, rows, vals.to(head.dtype)).view(d, k)
 
@@ -412,9 +405,7 @@ class LocalModel:
             return torch.zeros(targets.shape, device=hidden.device)
         return torch.cat(out)
 
-    def unit_logprobs(
-        self, decisions: Sequence[Decision], *, temperature: float
-    ) -> tuple[Any, Any]:
+    def unit_logprobs(self, decisions: Sequence[Decision], *, temperature: float) -> tuple[Any, Any]:
         """What the GRPO loss weighs: [D, T] log-probabilities and mask of the decisions' units.
 
         Constrained: one unit per decision, the chosen candidate's log-probability
@@ -431,9 +422,7 @@ class LocalModel:
             idx = torch.tensor([d.candidate for d in decisions], device=scores.device)
             lp = scores.gather(-1, idx.unsqueeze(-1))
             return lp, torch.ones_like(lp)
-        return self.token_logprobs(
-            [(d.prompt_ids, d.completion_ids) for d in decisions], temperature=temperature
-        )
+        return self.token_logprobs([(d.prompt_ids, d.completion_ids) for d in decisions], temperature=temperature)
 
 
 def load_adapter(model: Any, adapter: str, *, trainable: bool) -> Any:

@@ -93,10 +93,7 @@ def play_episodes(
     tools = decode == "free"
     tables: list[Table] = [new_table(c) for c in configs]
     seats = [
-        [
-            _Seat(prompt.system(c.protocol, c.n, i, schedule=c.schedule, tools=tools))
-            for i in range(c.n)
-        ]
+        [_Seat(prompt.system(c.protocol, c.n, i, schedule=c.schedule, tools=tools)) for i in range(c.n)]
         for c in configs
     ]
     decisions: list[list[Decision]] = [[] for _ in configs]
@@ -116,9 +113,7 @@ def play_episodes(
                 e, i = waiting[k]
                 obs = observation_text(tables[e].observe(i), tools=tools)
                 texts.append(obs)
-                prompts.append(
-                    model.prompt_ids(seats[e][i].messages(obs, memory), specs.get(protocol))
-                )
+                prompts.append(model.prompt_ids(seats[e][i].messages(obs, memory), specs.get(protocol)))
             got = model.decide(
                 prompts,
                 actions,
@@ -174,10 +169,7 @@ def play_episodes(
                 tables[e].end_round()
         if on_round is not None:
             on_round(len(live))
-    return [
-        Played(c, episode_record(c, t), ds)
-        for c, t, ds in zip(configs, tables, decisions, strict=True)
-    ]
+    return [Played(c, episode_record(c, t), ds) for c, t, ds in zip(configs, tables, decisions, strict=True)]
 
 
 def _reorder(decisions: list[Decision], turns: list[dict], count: int) -> None:

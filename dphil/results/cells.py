@@ -35,11 +35,21 @@ _BOM = b"\xef\xbb\xbf"
 # Contract fields with a known type; any other --by field is read as text and given a
 # number type afterwards when every value is one (e.g. checkpoint_step).
 _KNOWN: dict[str, pl.DataType] = {
-    "model": pl.String(), "n": pl.Int64(), "rounds": pl.Int64(), "protocol": pl.String(),
-    "schedule": pl.String(), "conflict": pl.String(), "deadlock_mode": pl.String(),
-    "episode_id": pl.String(), "dphil_version": pl.String(), "kind": pl.String(),
-    "status": pl.String(), "deadlock": pl.Boolean(),
-    "schema_version": pl.Int64(), "deadlock_round": pl.Int64(), "rounds_played": pl.Int64(),
+    "model": pl.String(),
+    "n": pl.Int64(),
+    "rounds": pl.Int64(),
+    "protocol": pl.String(),
+    "schedule": pl.String(),
+    "conflict": pl.String(),
+    "deadlock_mode": pl.String(),
+    "episode_id": pl.String(),
+    "dphil_version": pl.String(),
+    "kind": pl.String(),
+    "status": pl.String(),
+    "deadlock": pl.Boolean(),
+    "schema_version": pl.Int64(),
+    "deadlock_round": pl.Int64(),
+    "rounds_played": pl.Int64(),
 }
 _OBJECTS = ("reward", "metrics", "turns", "meals", "usage", "events", "deadlock_rounds")
 
@@ -50,34 +60,85 @@ _RAW: dict[str, pl.DataType] = {
     "deadlock": pl.Boolean(),
     "meals": pl.List(pl.Int64()),
     "reward": pl.Struct({"variant": pl.String(), "total": pl.Float64()}),
-    "metrics": pl.Struct({
-        "throughput_per_round": pl.Float64(), "gini_fairness": pl.Float64(),
-        "starvation": pl.Int64(), "time_to_deadlock": pl.Int64(),
-    }),
+    "metrics": pl.Struct(
+        {
+            "throughput_per_round": pl.Float64(),
+            "gini_fairness": pl.Float64(),
+            "starvation": pl.Int64(),
+            "time_to_deadlock": pl.Int64(),
+        }
+    ),
     "turns": pl.List(pl.Struct({"action": pl.String(), "ok": pl.Boolean()})),
-    "usage": pl.Struct({"prompt_tokens": pl.Int64(), "completion_tokens": pl.Int64(),
-                        "cost": pl.Float64()}),
+    "usage": pl.Struct({"prompt_tokens": pl.Int64(), "completion_tokens": pl.Int64(), "cost": pl.Float64()}),
 }
 
 # One row per episode after reading: the grouping fields plus these.
 _DERIVED: dict[str, pl.DataType] = {
-    "_error": pl.Boolean(), "_seed": pl.String(), "_reward": pl.Float64(), "_variant": pl.String(),
-    "_deadlock": pl.Boolean(), "_meals": pl.Int64(), "_throughput": pl.Float64(),
-    "_gini": pl.Float64(), "_starvation": pl.Int64(), "_ttd": pl.Int64(), "_turns": pl.Int64(),
-    "_null": pl.Int64(), "_acted": pl.Int64(), "_failed": pl.Int64(), "_prompt_tokens": pl.Int64(),
-    "_completion_tokens": pl.Int64(), "_cost": pl.Float64(),
+    "_error": pl.Boolean(),
+    "_seed": pl.String(),
+    "_reward": pl.Float64(),
+    "_variant": pl.String(),
+    "_deadlock": pl.Boolean(),
+    "_meals": pl.Int64(),
+    "_throughput": pl.Float64(),
+    "_gini": pl.Float64(),
+    "_starvation": pl.Int64(),
+    "_ttd": pl.Int64(),
+    "_turns": pl.Int64(),
+    "_null": pl.Int64(),
+    "_acted": pl.Int64(),
+    "_failed": pl.Int64(),
+    "_prompt_tokens": pl.Int64(),
+    "_completion_tokens": pl.Int64(),
+    "_cost": pl.Float64(),
 }
 
 # Names a cell or comparison record uses itself; a grouping field may not take them.
-_RESERVED = frozenset({
-    "kind", "schema_version", "episodes", "errors", "reward_variant", "reward_mean", "reward_std",
-    "reward_ci", "deadlocks", "deadlock_rate", "deadlock_ci", "meals_mean", "zero_meal_rate",
-    "degenerate_rate", "throughput_mean", "gini_fairness_mean", "starvation_mean",
-    "time_to_deadlock_mean", "null_action_rate", "failed_action_rate", "turns", "prompt_tokens",
-    "completion_tokens", "cost", "field", "a", "b", "diff", "diff_ci", "welch_t", "df", "p_value",
-    "p_adjusted", "adjust", "hedges_g", "hedges_g_ci", "deadlock", "paired", "paired_tests",
-    "power", "notes",
-})
+_RESERVED = frozenset(
+    {
+        "kind",
+        "schema_version",
+        "episodes",
+        "errors",
+        "reward_variant",
+        "reward_mean",
+        "reward_std",
+        "reward_ci",
+        "deadlocks",
+        "deadlock_rate",
+        "deadlock_ci",
+        "meals_mean",
+        "zero_meal_rate",
+        "degenerate_rate",
+        "throughput_mean",
+        "gini_fairness_mean",
+        "starvation_mean",
+        "time_to_deadlock_mean",
+        "null_action_rate",
+        "failed_action_rate",
+        "turns",
+        "prompt_tokens",
+        "completion_tokens",
+        "cost",
+        "field",
+        "a",
+        "b",
+        "diff",
+        "diff_ci",
+        "welch_t",
+        "df",
+        "p_value",
+        "p_adjusted",
+        "adjust",
+        "hedges_g",
+        "hedges_g_ci",
+        "deadlock",
+        "paired",
+        "paired_tests",
+        "power",
+        "notes",
+    }
+)
 
 Warn = Callable[[str], None]
 # Sees each source once it is read: its name, its bytes when they were read into memory
@@ -180,8 +241,11 @@ def _load_source(
             head = stream.peek(3)[:3] if hasattr(stream, "peek") else b""
             # Polars reads regular plain files itself (memory-mapped); gzip, a BOM and
             # pipes such as <(zcat ep.jsonl.gz) are read here, once.
-            if (isinstance(stream, gzip.GzipFile) or head.startswith(_BOM)
-                    or not stat.S_ISREG(os.fstat(stream.fileno()).st_mode)):
+            if (
+                isinstance(stream, gzip.GzipFile)
+                or head.startswith(_BOM)
+                or not stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+            ):
                 data = _read_all(src, stream)
         finally:
             stream.close()
@@ -243,13 +307,12 @@ def _has_bad_rows(parsed: pl.DataFrame, frame: pl.DataFrame, fields: list[str]) 
         return False
     ok = pl.col("status") == "complete"
     metrics = pl.col("metrics")
-    turns_ok = pl.col("turns").list.eval(
-        pl.element().struct.field("ok").is_null() | pl.element().is_null()
-    ).list.any()
+    turns_ok = pl.col("turns").list.eval(pl.element().struct.field("ok").is_null() | pl.element().is_null()).list.any()
     checks = [
         pl.col("kind").is_not_null() & (pl.col("kind") != "episode"),
         ~pl.col("status").is_in(["complete", "error"]).fill_null(False),
-        ok & (
+        ok
+        & (
             pl.col("reward").struct.field("total").is_null()
             | pl.col("deadlock").is_null()
             | pl.col("meals").is_null()
@@ -341,25 +404,37 @@ def _row(record: dict[str, Any], fields: list[str]) -> list[Any]:
     metrics = record.get("metrics")
     if not isinstance(metrics, dict):
         raise DataError("episode is not scored (no 'metrics' object): run dphil-score first")
-    for name, check in (("throughput_per_round", _is_number), ("gini_fairness", _is_number),
-                        ("starvation", is_int)):
+    for name, check in (("throughput_per_round", _is_number), ("gini_fairness", _is_number), ("starvation", is_int)):
         if not check(metrics.get(name)):
             raise DataError(f"field 'metrics.{name}' should be a number")
     ttd = metrics.get("time_to_deadlock")
     if ttd is not None and not is_int(ttd):
         raise DataError("field 'metrics.time_to_deadlock' should be an integer or null")
     return [
-        *values, float(total), variant if isinstance(variant, str) else None, deadlock, sum(meals),
-        float(metrics["throughput_per_round"]), float(metrics["gini_fairness"]),
-        metrics["starvation"], ttd, len(turns), n_null, len(turns) - n_null, n_failed, *usage,
+        *values,
+        float(total),
+        variant if isinstance(variant, str) else None,
+        deadlock,
+        sum(meals),
+        float(metrics["throughput_per_round"]),
+        float(metrics["gini_fairness"]),
+        metrics["starvation"],
+        ttd,
+        len(turns),
+        n_null,
+        len(turns) - n_null,
+        n_failed,
+        *usage,
     ]
 
 
 def _field(record: dict[str, Any], name: str) -> Any:
     value = record.get(name)
     if isinstance(value, dict | list):
-        raise DataError(f"field {name!r} is an {'object' if isinstance(value, dict) else 'array'}; "
-                        "--by and --compare need a single value")
+        raise DataError(
+            f"field {name!r} is an {'object' if isinstance(value, dict) else 'array'}; "
+            "--by and --compare need a single value"
+        )
     known = _KNOWN.get(name)
     if known is None:
         # Text, as polars reads free fields; numbers are restored for the whole column later.
@@ -389,8 +464,7 @@ def _usage(usage: Any) -> list[Any]:
     if not isinstance(usage, dict):
         raise DataError("field 'usage' should be an object")
     out: list[Any] = []
-    for name, check in (("prompt_tokens", is_int), ("completion_tokens", is_int),
-                        ("cost", _is_number)):
+    for name, check in (("prompt_tokens", is_int), ("completion_tokens", is_int), ("cost", _is_number)):
         value = usage.get(name)
         if value is not None and not check(value):
             raise DataError(f"field 'usage.{name}' should be a number")
@@ -552,19 +626,13 @@ def comparison_records(
         if comp.field not in frame.columns:
             raise UsageError(f"--compare {comp.field}: the field was not read")
         text = pl.col(comp.field).cast(pl.String)
-        arms = frame.filter(text.is_in([comp.a, comp.b])).with_columns(
-            (text == comp.b).alias("_is_b")
-        )
+        arms = frame.filter(text.is_in([comp.a, comp.b])).with_columns((text == comp.b).alias("_is_b"))
         for value in (comp.a, comp.b):
             if arms.filter(text == value).height == 0:
-                raise UsageError(
-                    f"--compare {comp.field} {comp.a} {comp.b}: no episodes with "
-                    f"{comp.field} = {value!r}"
-                )
+                raise UsageError(f"--compare {comp.field} {comp.a} {comp.b}: no episodes with {comp.field} = {value!r}")
         rest = [f for f in by if f != comp.field]
         if rest:
-            parts = arms.sort(rest, nulls_last=True).partition_by(rest, as_dict=True,
-                                                                  maintain_order=True)
+            parts = arms.sort(rest, nulls_last=True).partition_by(rest, as_dict=True, maintain_order=True)
         else:
             parts = {(): arms}
         for key, part in parts.items():
@@ -572,12 +640,9 @@ def comparison_records(
             a, b = part.filter(~pl.col("_is_b")), part.filter(pl.col("_is_b"))
             if a.height == 0 or b.height == 0:
                 missing = comp.a if a.height == 0 else comp.b
-                warn(f"{_label(group)}: no episodes with {comp.field} = {missing!r}; "
-                     "comparison skipped")
+                warn(f"{_label(group)}: no episodes with {comp.field} = {missing!r}; comparison skipped")
                 continue
-            records.append(
-                _compare(comp, group, a, b, power=power, effect=effect, confidence=confidence)
-            )
+            records.append(_compare(comp, group, a, b, power=power, effect=effect, confidence=confidence))
     _adjust_all(records, adjust)
     return records
 
@@ -666,7 +731,11 @@ def _compare(
 
 
 def _arm(
-    value: Any, all_rows: pl.DataFrame, ok: pl.DataFrame, rewards: Any, deadlocks: int,
+    value: Any,
+    all_rows: pl.DataFrame,
+    ok: pl.DataFrame,
+    rewards: Any,
+    deadlocks: int,
     confidence: float,
 ) -> dict[str, Any]:
     ci = stats.mean_ci(rewards, confidence)
@@ -705,9 +774,7 @@ def _pairs(a: pl.DataFrame, b: pl.DataFrame, notes: list[str]) -> pl.DataFrame |
     return joined.sort("_seed")
 
 
-def _power(
-    observed: float | None, effect: float | None, na: int, nb: int, notes: list[str]
-) -> dict[str, Any]:
+def _power(observed: float | None, effect: float | None, na: int, nb: int, notes: list[str]) -> dict[str, Any]:
     g = effect if effect is not None else observed
     block: dict[str, Any] = {
         "effect_g": g,

@@ -42,8 +42,7 @@ def _episode(line: bytes) -> dict[str, Any] | None:
         record = orjson.loads(line)
     except orjson.JSONDecodeError:
         return None
-    if (not isinstance(record, dict) or record.get("kind", "episode") != "episode"
-            or record.get("status") != "complete"):
+    if not isinstance(record, dict) or record.get("kind", "episode") != "episode" or record.get("status") != "complete":
         return None
     return record
 
@@ -127,8 +126,7 @@ class EpisodeSample:
 
     def _scan(self, source: str, data: bytes | None) -> None:
         """Read every line of the source, keeping the first `k` complete episodes per cell."""
-        due = sum(max(0, min(self.k, seen) - len(self.kept.get(key, ())))
-                  for key, seen in self._seen.items())
+        due = sum(max(0, min(self.k, seen) - len(self.kept.get(key, ()))) for key, seen in self._seen.items())
         with self._lines(source, data) as stream:
             for line in stream:
                 if due <= 0:
@@ -226,8 +224,10 @@ def render_page(
             '<h2 id="timelines">Episode timelines</h2>\n',
             _timelines(cells, labels, sample),
         ]
-    parts.append(f'<p class="meta">Made by dphil {escape(__version__)} '
-                 "(<code>dphil-stats --format html</code>).</p>\n</body></html>\n")
+    parts.append(
+        f'<p class="meta">Made by dphil {escape(__version__)} '
+        "(<code>dphil-stats --format html</code>).</p>\n</body></html>\n"
+    )
     return "".join(parts)
 
 
@@ -240,27 +240,28 @@ def _header(cells: list[dict[str, Any]], by: Sequence[str], sources: Sequence[st
     episodes = sum(c["episodes"] for c in cells)
     errors = sum(c["errors"] for c in cells)
     variants = sorted({str(c["reward_variant"]) for c in cells if c.get("reward_variant")})
-    facts = [f"{len(cells)} cells by {escape(', '.join(by))}",
-             f"{episodes} episodes" + (f" (and {errors} errored, left out)" if errors else ""),
-             "reward: " + (escape(", ".join(variants)) or "n/a")]
-    return (f"<h1>dphil-stats report</h1>\n<p class=\"meta\">{escape(_source_text(sources))}</p>\n"
-            f"<p class=\"meta\">{' · '.join(facts)}. Intervals are 95%: t for the mean reward, "
-            "Wilson for the deadlock rate.</p>\n")
+    facts = [
+        f"{len(cells)} cells by {escape(', '.join(by))}",
+        f"{episodes} episodes" + (f" (and {errors} errored, left out)" if errors else ""),
+        "reward: " + (escape(", ".join(variants)) or "n/a"),
+    ]
+    return (
+        f'<h1>dphil-stats report</h1>\n<p class="meta">{escape(_source_text(sources))}</p>\n'
+        f'<p class="meta">{" · ".join(facts)}. Intervals are 95%: t for the mean reward, '
+        "Wilson for the deadlock rate.</p>\n"
+    )
 
 
-def _table(header: list[str], rows: list[list[str]], extra: list[str] | None = None,
-           extra_header: str = "") -> str:
+def _table(header: list[str], rows: list[list[str]], extra: list[str] | None = None, extra_header: str = "") -> str:
     numeric = [report.numeric_column(rows, k) for k in range(len(header))]
     out = ['<div class="scroll"><table><thead><tr>']
-    out += [f'<th{" class=num" if n else ""}>{escape(h)}</th>' for h, n in zip(header, numeric,
-                                                                            strict=True)]
+    out += [f"<th{' class=num' if n else ''}>{escape(h)}</th>" for h, n in zip(header, numeric, strict=True)]
     if extra is not None:
         out.append(f"<th>{escape(extra_header)}</th>")
     out.append("</tr></thead><tbody>")
     for i, row in enumerate(rows):
         out.append("<tr>")
-        out += [f'<td{" class=num" if n else ""}>{escape(v)}</td>' for v, n in zip(row, numeric,
-                                                                                strict=True)]
+        out += [f"<td{' class=num' if n else ''}>{escape(v)}</td>" for v, n in zip(row, numeric, strict=True)]
         if extra is not None:
             out.append(f"<td>{extra[i]}</td>")
         out.append("</tr>")
@@ -268,8 +269,7 @@ def _table(header: list[str], rows: list[list[str]], extra: list[str] | None = N
     return "".join(out)
 
 
-def _cell_table(cells: list[dict[str, Any]], by: Sequence[str],
-                sample: EpisodeSample | None) -> str:
+def _cell_table(cells: list[dict[str, Any]], by: Sequence[str], sample: EpisodeSample | None) -> str:
     header, rows = report.cell_rows(cells, by)
     links = []
     for i, c in enumerate(cells):
@@ -280,10 +280,12 @@ def _cell_table(cells: list[dict[str, Any]], by: Sequence[str],
 
 def _comparisons(comps: list[dict[str, Any]], by: Sequence[str], compared: bool) -> str:
     if not comps:
-        return ('<p class="note">No comparison: none of the --compare arms was found.</p>\n'
-                if compared else
-                '<p class="note">No comparisons asked for: add <code>--compare FIELD A B</code> '
-                "(differences are B − A).</p>\n")
+        return (
+            '<p class="note">No comparison: none of the --compare arms was found.</p>\n'
+            if compared
+            else '<p class="note">No comparisons asked for: add <code>--compare FIELD A B</code> '
+            "(differences are B − A).</p>\n"
+        )
     out = [_table(*report.comparison_rows(comps, by))]
     notes = [(c, n) for c in comps for n in c["notes"]]
     if notes:
@@ -297,34 +299,43 @@ def _plots(cells: list[dict[str, Any]], by: Sequence[str]) -> str:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        return ('<p class="note">The plots need matplotlib: <code>pip install '
-                "'dphil[plot]'</code>.</p>\n")
+        return "<p class=\"note\">The plots need matplotlib: <code>pip install 'dphil[plot]'</code>.</p>\n"
     if not any(c["episodes"] for c in cells):
         return '<p class="note">No complete episodes to plot.</p>\n'
     return f'<figure class="plot" id="plot">{report.plot_svg(cells, by)}</figure>\n'
 
 
-def _timelines(cells: list[dict[str, Any]], labels: list[str],
-               sample: EpisodeSample | None) -> str:
+def _timelines(cells: list[dict[str, Any]], labels: list[str], sample: EpisodeSample | None) -> str:
     from dphil.show.timeline import describe, episode_svg, outcome_text, reward_text, timeline
     from dphil.show.viewer import legend_html
 
     if sample is None or sample.k <= 0:
-        return ('<p class="note">No timelines (<code>--timelines 0</code>); give '
-                "<code>--timelines K</code> to draw the first K episodes of each cell.</p>\n")
-    out = [f'<p class="note">The first {sample.k} complete episodes of each cell, in input '
-           "order (<code>--timelines K</code> sets how many; the page keeps no more than "
-           "that, however large the input). One row per philosopher, one column per round; "
-           "hover a cell for its turn.</p>\n", legend_html(), "\n"]
+        return (
+            '<p class="note">No timelines (<code>--timelines 0</code>); give '
+            "<code>--timelines K</code> to draw the first K episodes of each cell.</p>\n"
+        )
+    out = [
+        f'<p class="note">The first {sample.k} complete episodes of each cell, in input '
+        "order (<code>--timelines K</code> sets how many; the page keeps no more than "
+        "that, however large the input). One row per philosopher, one column per round; "
+        "hover a cell for its turn.</p>\n",
+        legend_html(),
+        "\n",
+    ]
     for i, (cell, label) in enumerate(zip(cells, labels, strict=True)):
         episodes = sample.of(cell)
-        out.append(f'<section class="cell" id="cell-{i}"><h3>{escape(label)}</h3>'
-                   f'<p class="note">{len(episodes)} of {cell["episodes"]} complete episodes '
-                   "shown")
+        out.append(
+            f'<section class="cell" id="cell-{i}"><h3>{escape(label)}</h3>'
+            f'<p class="note">{len(episodes)} of {cell["episodes"]} complete episodes '
+            "shown"
+        )
         if episodes:
-            out.append(": " + ", ".join(
-                f'<a href="#cell-{i}-ep-{j}">seed {escape(str(e.get("seed")))}</a>'
-                for j, e in enumerate(episodes)))
+            out.append(
+                ": "
+                + ", ".join(
+                    f'<a href="#cell-{i}-ep-{j}">seed {escape(str(e.get("seed")))}</a>' for j, e in enumerate(episodes)
+                )
+            )
         out.append('.</p><div class="episodes">')
         for j, record in enumerate(episodes):
             ident = escape(str(record.get("episode_id", "")))
@@ -333,18 +344,22 @@ def _timelines(cells: list[dict[str, Any]], labels: list[str],
                 tl = timeline(record)
                 svg = episode_svg(record, tl=tl, standalone=False)
             except DataError as e:
-                out.append(f"<figcaption>{escape(describe(record))}</figcaption>"
-                           f'<p class="note">Cannot draw this episode: {escape(e.reason)}</p>'
-                           "</figure>")
+                out.append(
+                    f"<figcaption>{escape(describe(record))}</figcaption>"
+                    f'<p class="note">Cannot draw this episode: {escape(e.reason)}</p>'
+                    "</figure>"
+                )
                 continue
             bad = " bad" if tl.deadlock_rounds else ""
             reward = reward_text(record)
-            out.append(f'<figcaption title="{escape(describe(record))}">'
-                       f'<b>seed {escape(str(record.get("seed")))}</b> '
-                       f'<span class="id">{ident}</span><br>'
-                       f'<span class="outcome{bad}">{escape(outcome_text(tl))}</span>'
-                       + (f'<br><span class="reward">{escape(reward)}</span>' if reward else "")
-                       + f"</figcaption>{svg}</figure>")
+            out.append(
+                f'<figcaption title="{escape(describe(record))}">'
+                f"<b>seed {escape(str(record.get('seed')))}</b> "
+                f'<span class="id">{ident}</span><br>'
+                f'<span class="outcome{bad}">{escape(outcome_text(tl))}</span>'
+                + (f'<br><span class="reward">{escape(reward)}</span>' if reward else "")
+                + f"</figcaption>{svg}</figure>"
+            )
         out.append("</div></section>\n")
     return "".join(out)
 

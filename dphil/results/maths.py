@@ -67,9 +67,7 @@ def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> MeanCI:
     return mean_ci_from(n, float(x.mean()), _spread(x) if n > 1 else None, confidence)
 
 
-def mean_ci_from(
-    n: int, mean: float | None, sd: float | None, confidence: float = CONFIDENCE
-) -> MeanCI:
+def mean_ci_from(n: int, mean: float | None, sd: float | None, confidence: float = CONFIDENCE) -> MeanCI:
     """The same interval from summary statistics (n, mean, sample SD), as a group-by gives."""
     if n == 0 or mean is None:
         return MeanCI(n, None, None, None, None)
@@ -220,9 +218,7 @@ class ProportionTest:
     p_value: float | None
 
 
-def two_proportions(
-    ka: int, na: int, kb: int, nb: int, confidence: float = CONFIDENCE
-) -> ProportionTest:
+def two_proportions(ka: int, na: int, kb: int, nb: int, confidence: float = CONFIDENCE) -> ProportionTest:
     """kb/nb − ka/na with Newcombe's hybrid score interval (method 10, from Wilson intervals),
     tested by the pooled two-proportion z test, or Fisher's exact test when any expected
     count of the 2×2 table is below 5 (all-or-nothing outcomes always go to Fisher)."""
@@ -364,9 +360,7 @@ def power(g: float, na: int, nb: int, alpha: float = ALPHA) -> float | None:
     return float(st.nct.sf(crit, df, ncp) + st.nct.cdf(-crit, df, ncp))
 
 
-def sample_size(
-    g: float, alpha: float = ALPHA, target: float = POWER, limit: int = 10**9
-) -> int | None:
+def sample_size(g: float, alpha: float = ALPHA, target: float = POWER, limit: int = 10**9) -> int | None:
     """Smallest number of episodes per arm (equal arms) whose power to detect g reaches
     `target`; None for g = 0 (no sample suffices) or beyond `limit`."""
     if not g or not math.isfinite(g):
@@ -385,9 +379,7 @@ def sample_size(
     return hi
 
 
-def detectable_effect(
-    na: int, nb: int, alpha: float = ALPHA, target: float = POWER
-) -> float | None:
+def detectable_effect(na: int, nb: int, alpha: float = ALPHA, target: float = POWER) -> float | None:
     """The smallest |g| the two-sample t test detects with `target` power at na, nb:
     what a study of this size can and cannot see."""
     if na < 2 or nb < 2:

@@ -72,14 +72,24 @@ def _signed(x: float | None, ci: Sequence[float] | None, digits: int = 3) -> str
 def cell_rows(cells: list[dict[str, Any]], by: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-cell table."""
     tokens = any(c["prompt_tokens"] or c["completion_tokens"] or c["cost"] for c in cells)
-    header = [*by, "episodes", "errors", "reward (95% CI)", "deadlock (95% CI)", "meals",
-              "degenerate", "null actions", "failed actions"]
+    header = [
+        *by,
+        "episodes",
+        "errors",
+        "reward (95% CI)",
+        "deadlock (95% CI)",
+        "meals",
+        "degenerate",
+        "null actions",
+        "failed actions",
+    ]
     if tokens:
         header += ["tokens in", "tokens out", "cost"]
     rows = []
     for c in cells:
         row = [value_text(c.get(f)) for f in by] + [
-            str(c["episodes"]), str(c["errors"]),
+            str(c["episodes"]),
+            str(c["errors"]),
             with_ci(c["reward_mean"], c["reward_ci"]),
             pct_ci(c["deadlock_rate"], c["deadlock_ci"]),
             num(c["meals_mean"], 2),
@@ -93,16 +103,13 @@ def cell_rows(cells: list[dict[str, Any]], by: Sequence[str]) -> tuple[list[str]
     return header, rows
 
 
-def comparison_rows(
-    comps: list[dict[str, Any]], by: Sequence[str]
-) -> tuple[list[str], list[list[str]]]:
+def comparison_rows(comps: list[dict[str, Any]], by: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the comparison table (B − A)."""
     group = [f for f in by if any(f in c for c in comps)]
     paired = any(c["paired"] for c in comps)
     power = any("power" in c for c in comps)
     adjust = comps[0]["adjust"] if comps else "none"
-    header = [*group, "comparison (B − A)", "episodes A/B", "Δ reward (95% CI)", "Welch t (df)",
-              "p"]
+    header = [*group, "comparison (B − A)", "episodes A/B", "Δ reward (95% CI)", "Welch t (df)", "p"]
     if adjust != "none":
         header.append(f"p ({adjust})")
     header += ["Hedges' g (95% CI)", "Δ deadlock (95% CI)", "p deadlock"]
@@ -134,13 +141,16 @@ def comparison_rows(
             if pt is None:
                 row += [_NA] * 4
             else:
-                row += [str(pt["pairs"]), p_text(pt["p_value"]), p_text(pt["wilcoxon_p"]),
-                        p_text(pt["mcnemar"]["p_value"])]
+                row += [
+                    str(pt["pairs"]),
+                    p_text(pt["p_value"]),
+                    p_text(pt["wilcoxon_p"]),
+                    p_text(pt["mcnemar"]["p_value"]),
+                ]
         if power:
             pw = c.get("power") or {}
             needed = pw.get("episodes_per_arm")
-            row += [num(pw.get("effect_g"), 2), _NA if needed is None else str(needed),
-                    num(pw.get("detectable_g"), 2)]
+            row += [num(pw.get("effect_g"), 2), _NA if needed is None else str(needed), num(pw.get("detectable_g"), 2)]
         rows.append(row)
     return header, rows
 
@@ -161,15 +171,16 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
         return s.replace("|", "\\|")
 
     numeric = [numeric_column(rows, k) for k in range(len(header))]
-    lines = ["| " + " | ".join(esc(h) for h in header) + " |",
-             "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
+    lines = [
+        "| " + " | ".join(esc(h) for h in header) + " |",
+        "|" + "|".join("---:" if n else "---" for n in numeric) + "|",
+    ]
     lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[k]) for r in rows)) if rows else len(h)
-              for k, h in enumerate(header)]
+    widths = [max(len(h), *(len(r[k]) for r in rows)) if rows else len(h) for k, h in enumerate(header)]
     numeric = [numeric_column(rows, k) for k in range(len(header))]
 
     def line(cells: list[str]) -> str:
@@ -221,9 +232,7 @@ def csv_text(records: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def render(
-    fmt: str, cells: list[dict[str, Any]], comps: list[dict[str, Any]], by: Sequence[str]
-) -> str:
+def render(fmt: str, cells: list[dict[str, Any]], comps: list[dict[str, Any]], by: Sequence[str]) -> str:
     """The whole report in a text format: the cell table, then the comparison table.
 
     CSV puts the two tables one after the other, separated by a blank line (with
@@ -241,8 +250,9 @@ def render(
         notes = [(c, n) for c in comps for n in c["notes"]]
         if notes:
             lines = [f"- {note_label(c, by)}: {n}" for c, n in notes]
-            parts.append("Notes:\n\n" + "\n".join(lines) + "\n" if fmt == "markdown"
-                         else "notes:\n" + "\n".join(lines) + "\n")
+            parts.append(
+                "Notes:\n\n" + "\n".join(lines) + "\n" if fmt == "markdown" else "notes:\n" + "\n".join(lines) + "\n"
+            )
     return "\n".join(parts)
 
 
@@ -263,9 +273,7 @@ def check_plot(path: str) -> str:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise MissingExtraError(
-            "--plot needs matplotlib, an optional extra: pip install 'dphil[plot]'"
-        ) from None
+        raise MissingExtraError("--plot needs matplotlib, an optional extra: pip install 'dphil[plot]'") from None
     return ext
 
 
@@ -296,7 +304,7 @@ def plot_svg(cells: list[dict[str, Any]], by: Sequence[str]) -> str:
     finally:
         plt.close(fig)
     text = buf.getvalue()
-    return text[text.index("<svg"):]
+    return text[text.index("<svg") :]
 
 
 def _pyplot() -> Any:
@@ -324,13 +332,11 @@ def _figure(plt: Any, cells: list[dict[str, Any]], by: Sequence[str]) -> Any:
             xs = [c[x_field] for c in group]
         else:
             xs = [k] * len(group)
-        for ax, mean_key, ci_key in ((ax_r, "reward_mean", "reward_ci"),
-                                     (ax_d, "deadlock_rate", "deadlock_ci")):
+        for ax, mean_key, ci_key in ((ax_r, "reward_mean", "reward_ci"), (ax_d, "deadlock_rate", "deadlock_ci")):
             ys = [c[mean_key] for c in group]
             lo = [y - (c[ci_key] or [y, y])[0] for c, y in zip(group, ys, strict=True)]
             hi = [(c[ci_key] or [y, y])[1] - y for c, y in zip(group, ys, strict=True)]
-            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=label,
-                        linestyle="-" if x_field else "none")
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=label, linestyle="-" if x_field else "none")
     for ax, title in ((ax_r, "Mean reward (95% CI)"), (ax_d, "Deadlock rate (95% Wilson CI)")):
         ax.set_title(title)
         if x_field:

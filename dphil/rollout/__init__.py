@@ -1,10 +1,15 @@
-"""Rollout: a grid of models x table sizes x seeds, sharded and resumable, written as episode records.
-"""
+"""Rollout: a grid of models x table sizes x seeds, sharded and resumable, written as episode records."""
 
 from dphil._face import lazy_face
 
 _EXPORTS = {
-    "grid": ('Grid', 'RolloutRequest', 'RunStats', 'run_request', 'run_scripted',),
+    "grid": (
+        "Grid",
+        "RolloutRequest",
+        "RunStats",
+        "run_request",
+        "run_scripted",
+    ),
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
 __getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

@@ -48,12 +48,35 @@ def parse_int_list(text: str, what: str) -> list[int]:
 
 _TAG_KEY = re.compile(r"[a-z][a-z0-9_]*")
 # Fields of the episode contract and of scoring: a tag may not shadow them.
-_RESERVED = frozenset({
-    "kind", "schema_version", "episode_id", "model", "n", "rounds", "seed", "protocol", "schedule",
-    "conflict", "deadlock_mode", "status", "error", "turns", "events", "meals", "deadlock",
-    "deadlock_round", "deadlock_rounds", "rounds_played", "dphil_version", "usage", "reward",
-    "metrics", "split",
-})
+_RESERVED = frozenset(
+    {
+        "kind",
+        "schema_version",
+        "episode_id",
+        "model",
+        "n",
+        "rounds",
+        "seed",
+        "protocol",
+        "schedule",
+        "conflict",
+        "deadlock_mode",
+        "status",
+        "error",
+        "turns",
+        "events",
+        "meals",
+        "deadlock",
+        "deadlock_round",
+        "deadlock_rounds",
+        "rounds_played",
+        "dphil_version",
+        "usage",
+        "reward",
+        "metrics",
+        "split",
+    }
+)
 
 
 def parse_tags(items: Iterable[str]) -> dict[str, str]:
@@ -62,8 +85,7 @@ def parse_tags(items: Iterable[str]) -> dict[str, str]:
     for item in items:
         key, eq, value = item.partition("=")
         if not eq or not _TAG_KEY.fullmatch(key) or not value:
-            raise UsageError(f"--tag: expected KEY=VALUE with a lower-case KEY such as recipe=dphil, "
-                             f"got {item!r}")
+            raise UsageError(f"--tag: expected KEY=VALUE with a lower-case KEY such as recipe=dphil, got {item!r}")
         if key in _RESERVED:
             raise UsageError(f"--tag {key}: that field is part of the episode record")
         if key in tags:
@@ -111,9 +133,15 @@ class Grid:
             variant = {**self.variant, **self.variants.get(model, {})}
             for n in self.sizes:
                 cell = EpisodeConfig(
-                    model=model, n=n, rounds=self.rounds, seed=self.seeds[0], protocol=self.protocol,
-                    schedule=self.schedule, conflict=self.conflict,
-                    deadlock_mode=self.deadlock_mode, variant=variant,
+                    model=model,
+                    n=n,
+                    rounds=self.rounds,
+                    seed=self.seeds[0],
+                    protocol=self.protocol,
+                    schedule=self.schedule,
+                    conflict=self.conflict,
+                    deadlock_mode=self.deadlock_mode,
+                    variant=variant,
                 )
                 for seed in self.seeds:
                     yield cell.with_seed(seed)
@@ -135,7 +163,7 @@ def is_scripted(model: str) -> bool:
 
 
 def scripted_name(model: str) -> str:
-    return model[len(SCRIPTED_PREFIX):]
+    return model[len(SCRIPTED_PREFIX) :]
 
 
 def completed_ids(path: str, warn=None) -> set[str]:
@@ -266,36 +294,55 @@ def run_request(req: RolloutRequest, console) -> int:
     if api_models:
         from dphil.agents.runner import plan_models
 
-        plan = plan_models(api_models, registry_files=req.registries, prompt=req.prompt,
-                           prompt_file=req.prompt_file, memory=req.memory, talk=req.talk)
+        plan = plan_models(
+            api_models,
+            registry_files=req.registries,
+            prompt=req.prompt,
+            prompt_file=req.prompt_file,
+            memory=req.memory,
+            talk=req.talk,
+        )
     local_entries = [LocalEntry(m, adapter=req.adapter) for m in dict.fromkeys(models) if is_local(m)]
     if req.checkpoints:
         local_entries += checkpoint_entries(req.checkpoints, run=req.checkpoint_run)
-    local_settings = LocalSettings(prompt=req.prompt, prompt_file=req.prompt_file, memory=req.memory,
-                                   **req.local) if local_entries else None
+    local_settings = (
+        LocalSettings(prompt=req.prompt, prompt_file=req.prompt_file, memory=req.memory, **req.local)
+        if local_entries
+        else None
+    )
 
     plain = [m for m in models if not is_local(m)]
     tags = req.tags
-    own = [*(plan.variants.values() if plan else ()),
-           *((local_settings.variant(), *(e.variant() for e in local_entries)) if local_settings else ())]
+    own = [
+        *(plan.variants.values() if plan else ()),
+        *((local_settings.variant(), *(e.variant() for e in local_entries)) if local_settings else ()),
+    ]
     for key in tags:
         if any(key in v for v in own):
             raise UsageError(f"--tag {key}: the run already records a field of that name")
-    grid = replace(req.grid, models=plain, variants=plan.variants if plan else {},
-                   variant={**req.grid.variant, **tags})
-    local_grids = [
-        (entry, replace(req.grid, models=[entry.model],
-                        variant={**tags, **local_settings.variant(), **entry.variant()}))
-        for entry in local_entries
-    ] if local_settings else []
+    grid = replace(req.grid, models=plain, variants=plan.variants if plan else {}, variant={**req.grid.variant, **tags})
+    local_grids = (
+        [
+            (
+                entry,
+                replace(
+                    req.grid, models=[entry.model], variant={**tags, **local_settings.variant(), **entry.variant()}
+                ),
+            )
+            for entry in local_entries
+        ]
+        if local_settings
+        else []
+    )
 
     done: set[str] = set()
     if req.output is not None and req.output != "-":
         if os.path.exists(req.output) and not req.resume:
             from dphil.io.errors import EX_CANTCREAT, OutputError
 
-            raise OutputError(f"{req.output} exists: pass --resume to finish it, or choose another file",
-                              exit_code=EX_CANTCREAT)
+            raise OutputError(
+                f"{req.output} exists: pass --resume to finish it, or choose another file", exit_code=EX_CANTCREAT
+            )
         if req.resume:
             done = completed_ids(req.output, warn=console.warn)
     elif req.resume:
@@ -339,8 +386,9 @@ def run_request(req: RolloutRequest, console) -> int:
         if local_configs:
             from dphil.local.entries import run_local
 
-            written, skipped = run_local(local_configs.items(), local_settings, writer.write, done=done,
-                                         progress=progress)
+            written, skipped = run_local(
+                local_configs.items(), local_settings, writer.write, done=done, progress=progress
+            )
             stats.written += written
             stats.skipped_done += skipped
         if plan is not None:
@@ -348,8 +396,14 @@ def run_request(req: RolloutRequest, console) -> int:
             from dphil.agents.runner import run_models
 
             llm_stats = run_models(
-                api_configs, plan.specs, plan.settings, writer.write,
-                done=done, max_errors=req.max_errors, cost_limit=req.cost_limit, limits=Limits(**req.limits),
+                api_configs,
+                plan.specs,
+                plan.settings,
+                writer.write,
+                done=done,
+                max_errors=req.max_errors,
+                cost_limit=req.cost_limit,
+                limits=Limits(**req.limits),
                 progress=_llm_progress(bar),
             )
     except BaseException:
@@ -373,9 +427,12 @@ def _llm_progress(bar):
 
     def progress(record, stats):
         bar.update(1)
-        bar.set_postfix(errors=stats.errors,
-                        tokens=stats.usage.prompt_tokens + stats.usage.completion_tokens,
-                        cost=f"${stats.usage.cost:.4f}", refresh=False)
+        bar.set_postfix(
+            errors=stats.errors,
+            tokens=stats.usage.prompt_tokens + stats.usage.completion_tokens,
+            cost=f"${stats.usage.cost:.4f}",
+            refresh=False,
+        )
 
     return progress
 
@@ -387,13 +444,17 @@ def _llm_summary(console, stats, output):
     u = stats.usage
     if stats.skipped_done:
         console.warn(f"{stats.skipped_done} model episode(s) already complete in {output}")
-    console.warn(f"model episodes: {stats.written} written, {stats.errors} errored; "
-                 f"{u.calls} calls, {u.prompt_tokens + u.completion_tokens} tokens, "
-                 f"${u.cost:.4f}")
+    console.warn(
+        f"model episodes: {stats.written} written, {stats.errors} errored; "
+        f"{u.calls} calls, {u.prompt_tokens + u.completion_tokens} tokens, "
+        f"${u.cost:.4f}"
+    )
     if stats.not_started:
-        console.error(f"cost limit reached: {stats.not_started} episode(s) not started; "
-                      "rerun with --resume to continue")
+        console.error(
+            f"cost limit reached: {stats.not_started} episode(s) not started; rerun with --resume to continue"
+        )
     if stats.errors:
-        console.error(f"{stats.errors} episode(s) ended in error (last: {stats.last_error}); "
-                      "rerun with --resume to retry them")
+        console.error(
+            f"{stats.errors} episode(s) ended in error (last: {stats.last_error}); rerun with --resume to retry them"
+        )
     return EX_TEMPFAIL if stats.errors or stats.not_started else 0

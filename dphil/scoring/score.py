@@ -50,8 +50,9 @@ class Scorer:
         """The scored line for `record`, which was parsed from the JSON line `raw`."""
         check_episode(record)
         if "reward" in record or "metrics" in record:
-            return orjson.dumps(score_record(record, self.spec, trust_outcome=self.trust_outcome),
-                                option=orjson.OPT_APPEND_NEWLINE)
+            return orjson.dumps(
+                score_record(record, self.spec, trust_outcome=self.trust_outcome), option=orjson.OPT_APPEND_NEWLINE
+            )
         if record["status"] == "error":
             tail = b',"reward":null,"metrics":null}\n'
         else:
@@ -75,17 +76,21 @@ def outcome_of(record: dict[str, Any], *, trust_outcome: bool = False) -> Outcom
         for k, t in enumerate(record["turns"]):
             if not isinstance(t, dict) or "action" not in t:
                 raise DataError(f"turns[{k}] is missing field 'action'")
-        return Outcome(tuple(meals), deadlock, deadlock_round, rounds_played,
-                       action_counts(record["turns"], record["protocol"]))
+        return Outcome(
+            tuple(meals), deadlock, deadlock_round, rounds_played, action_counts(record["turns"], record["protocol"])
+        )
     if not record["turns"]:
         raise DataError("a complete episode has no turns")
     replayed = replay(record)
     try:  # the common case in one comparison; anything off is explained field by field
-        if (record["deadlock"] is replayed.deadlock and record["rounds_played"] == replayed.rounds_played
-                and record["deadlock_round"] == replayed.deadlock_round
-                and tuple(record["meals"]) == replayed.meals
-                and type(record["rounds_played"]) is int
-                and type(record["deadlock_round"]) is type(replayed.deadlock_round)):
+        if (
+            record["deadlock"] is replayed.deadlock
+            and record["rounds_played"] == replayed.rounds_played
+            and record["deadlock_round"] == replayed.deadlock_round
+            and tuple(record["meals"]) == replayed.meals
+            and type(record["rounds_played"]) is int
+            and type(record["deadlock_round"]) is type(replayed.deadlock_round)
+        ):
             return replayed
     except (KeyError, TypeError):
         pass
@@ -98,8 +103,17 @@ def outcome_of(record: dict[str, Any], *, trust_outcome: bool = False) -> Outcom
 
 def _score(spec: RewardSpec, record: dict[str, Any], outcome: Outcome) -> tuple[dict, dict]:
     meals, deadlock, deadlock_round, rounds_played, counts = outcome
-    return score(spec, protocol=record["protocol"], n=record["n"], rounds=record["rounds"], meals=meals,
-                 deadlock=deadlock, deadlock_round=deadlock_round, rounds_played=rounds_played, counts=counts)
+    return score(
+        spec,
+        protocol=record["protocol"],
+        n=record["n"],
+        rounds=record["rounds"],
+        meals=meals,
+        deadlock=deadlock,
+        deadlock_round=deadlock_round,
+        rounds_played=rounds_played,
+        counts=counts,
+    )
 
 
 def _agree(record: dict[str, Any], name: str, replayed: Any) -> None:

@@ -32,16 +32,33 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--model", required=True, metavar="FILE.gguf", help="the GGUF model file")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default: %(default)s)")
     p.add_argument("--port", type=int, default=8080, help="listen port (default: %(default)s)")
-    p.add_argument("-a", "--alias", default=None, metavar="NAME",
-                   help="the model name clients send (default: the file name without .gguf)")
-    p.add_argument("-np", "--parallel", type=int, default=1, metavar="N",
-                   help="parallel slots: requests decoded together in one batch (default: %(default)s)")
-    p.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="TOKENS",
-                   help="context per slot (default: %(default)s)")
-    p.add_argument("-t", "--threads", type=int, default=None, metavar="N",
-                   help="CPU threads (default: llama.cpp's choice)")
-    p.add_argument("--chat-template", default=None, metavar="JINJA",
-                   help="a Jinja chat template (default: the file's own, else dphil's for its family)")
+    p.add_argument(
+        "-a",
+        "--alias",
+        default=None,
+        metavar="NAME",
+        help="the model name clients send (default: the file name without .gguf)",
+    )
+    p.add_argument(
+        "-np",
+        "--parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="parallel slots: requests decoded together in one batch (default: %(default)s)",
+    )
+    p.add_argument(
+        "-c", "--ctx-size", type=int, default=4096, metavar="TOKENS", help="context per slot (default: %(default)s)"
+    )
+    p.add_argument(
+        "-t", "--threads", type=int, default=None, metavar="N", help="CPU threads (default: llama.cpp's choice)"
+    )
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="JINJA",
+        help="a Jinja chat template (default: the file's own, else dphil's for its family)",
+    )
     p.add_argument("--seed", type=int, default=None, help="sampling seed for requests that set none")
     p.add_argument("-v", "--verbose", action="store_true", help="llama.cpp's informational log on stderr")
     return p
@@ -59,6 +76,7 @@ def gguf_architecture(path: Path) -> tuple[str | None, bool]:
     unread), which takes milliseconds where `gguf.GGUFReader` maps every tensor.
     """
     with open(path, "rb") as fh:
+
         def read(n: int) -> bytes:
             if n > _MAX_FIELD:
                 raise ValueError(f"a header field claims {n} bytes")
@@ -156,8 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # xllamacpp raises RuntimeError/ValueError with llama.cpp's reason
         print(f"{name}: {path}: cannot serve it: {e}", file=sys.stderr)
         return EX_DATAERR
-    print(f"{name}: serving {path.name} as {sorted(params.model_alias)[0]!r} on "
-          f"{server.listening_address}/v1 ({args.parallel} slot(s))", file=sys.stderr, flush=True)
+    print(
+        f"{name}: serving {path.name} as {sorted(params.model_alias)[0]!r} on "
+        f"{server.listening_address}/v1 ({args.parallel} slot(s))",
+        file=sys.stderr,
+        flush=True,
+    )
     signal.sigwait(stop)
     del server  # stops the HTTP server and the decoding loop
     return 0

@@ -75,8 +75,12 @@ class LocalServer:
         self.log_path = Path(log)
         with os.fdopen(fd, "wb") as out:
             self.process = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env}, start_new_session=True,
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                start_new_session=True,
             )
         _track(self)
         try:
@@ -91,11 +95,12 @@ class LocalServer:
         deadline = time.monotonic() + timeout
         while not self.models_listed():
             if self.process.poll() is not None:
-                raise ServerError(f"{self.name} exited with status {self.process.returncode} "
-                                  f"before answering on {self.url}: {self.log_tail()}")
+                raise ServerError(
+                    f"{self.name} exited with status {self.process.returncode} "
+                    f"before answering on {self.url}: {self.log_tail()}"
+                )
             if time.monotonic() > deadline:
-                raise ServerError(f"{self.name} did not answer on {self.url} within {timeout:.0f} s: "
-                                  f"{self.log_tail()}")
+                raise ServerError(f"{self.name} did not answer on {self.url} within {timeout:.0f} s: {self.log_tail()}")
             time.sleep(0.5)
 
     def models_listed(self) -> bool:
@@ -147,8 +152,11 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def _track(server: LocalServer) -> None:
-    if (not _live and threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+    if (
+        not _live
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ):
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if not any(s is server for s in _live):
         _live.append(server)
@@ -156,8 +164,11 @@ def _track(server: LocalServer) -> None:
 
 def _untrack(server: LocalServer) -> None:
     _live[:] = [s for s in _live if s is not server]
-    if (not _live and threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) is _exit_on_sigterm):
+    if (
+        not _live
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is _exit_on_sigterm
+    ):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
@@ -168,15 +179,37 @@ def _stop_live() -> None:
         server.stop()
 
 
-def llamacpp_server(gguf: str | os.PathLike, *, port: int | None = None, parallel: int = 1,
-                    threads: int | None = None, ctx_size: int = 4096, alias: str | None = None,
-                    seed: int | None = 0) -> LocalServer:
+def llamacpp_server(
+    gguf: str | os.PathLike,
+    *,
+    port: int | None = None,
+    parallel: int = 1,
+    threads: int | None = None,
+    ctx_size: int = 4096,
+    alias: str | None = None,
+    seed: int | None = 0,
+) -> LocalServer:
     """llama.cpp's server (xllamacpp, `python -m dphil.serving.llamacpp`) for a GGUF file."""
     path = Path(gguf)
     model = alias or path.name.removesuffix(".gguf")
     port = port or free_port()
-    argv = [sys.executable, "-m", "dphil.serving.llamacpp", "-m", str(path), "--host", HOST,
-            "--port", str(port), "--alias", model, "-np", str(parallel), "-c", str(ctx_size)]
+    argv = [
+        sys.executable,
+        "-m",
+        "dphil.serving.llamacpp",
+        "-m",
+        str(path),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--alias",
+        model,
+        "-np",
+        str(parallel),
+        "-c",
+        str(ctx_size),
+    ]
     if threads:
         argv += ["-t", str(threads)]
     if seed is not None:
@@ -184,14 +217,28 @@ def llamacpp_server(gguf: str | os.PathLike, *, port: int | None = None, paralle
     return LocalServer(argv, model, port, name="llama.cpp")
 
 
-def transformers_server(model_dir: str | os.PathLike, *, port: int | None = None,
-                        threads: int | None = None, seed: int | None = 0) -> LocalServer:
+def transformers_server(
+    model_dir: str | os.PathLike, *, port: int | None = None, threads: int | None = None, seed: int | None = 0
+) -> LocalServer:
     """`transformers serve DIR` on the CPU. It answers only to the name it was started with,
     so the model name clients send is `str(model_dir)` exactly."""
     model = str(model_dir)
     port = port or free_port()
-    argv = [sys.executable, "-m", "transformers.cli.transformers", "serve", model, "--host", HOST,
-            "--port", str(port), "--device", "cpu", "--log-level", "warning"]
+    argv = [
+        sys.executable,
+        "-m",
+        "transformers.cli.transformers",
+        "serve",
+        model,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--log-level",
+        "warning",
+    ]
     if seed is not None:
         argv += ["--default-seed", str(seed)]
     env = {"OMP_NUM_THREADS": str(threads)} if threads else {}

@@ -103,8 +103,12 @@ def _locked(target: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def assemble(dest: str | os.PathLike | None = None, parts: Sequence[Path] | None = None, *,
-             on_build: Callable[[Path], None] | None = None) -> Path:
+def assemble(
+    dest: str | os.PathLike | None = None,
+    parts: Sequence[Path] | None = None,
+    *,
+    on_build: Callable[[Path], None] | None = None,
+) -> Path:
     """The verified GGUF at `dest` (default: the cache), built from the chunks when not already there.
 
     A file already at `dest` is verified (hashed once); when it is missing or
@@ -141,8 +145,10 @@ def assemble(dest: str | os.PathLike | None = None, parts: Sequence[Path] | None
         if size != GGUF_SIZE or digest.hexdigest() != GGUF_SHA256:
             discard(tmp)
             what = f"{size} bytes, expected {GGUF_SIZE}" if size != GGUF_SIZE else "sha256 mismatch"
-            raise DataError(f"{sources[0].parent}: chunks of {GGUF_NAME} are truncated or corrupt "
-                            f"({what}; reinstall: {INSTALL_HINT})")
+            raise DataError(
+                f"{sources[0].parent}: chunks of {GGUF_NAME} are truncated or corrupt "
+                f"({what}; reinstall: {INSTALL_HINT})"
+            )
         publish(tmp, target)
     return target
 
@@ -155,8 +161,7 @@ def converted(dest: Path) -> bool:
         return False
 
 
-def convert(gguf: str | os.PathLike, dest: str | os.PathLike | None = None, *,
-            verified: bool = False) -> Path:
+def convert(gguf: str | os.PathLike, dest: str | os.PathLike | None = None, *, verified: bool = False) -> Path:
     """A plain transformers directory made from the verified GGUF (once; later calls return it).
 
     `gguf` is verified first, unless `verified` says the caller has just done so
@@ -171,8 +176,9 @@ def convert(gguf: str | os.PathLike, dest: str | os.PathLike | None = None, *,
         if converted(target):
             return target
         if target.exists() and any(target.iterdir()):
-            raise DataError(f"{target}: exists but is not a finished conversion of {GGUF_NAME}; "
-                            "remove it and run again")
+            raise DataError(
+                f"{target}: exists but is not a finished conversion of {GGUF_NAME}; remove it and run again"
+            )
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
         try:
             _convert_into(gguf_path, tmp)
@@ -207,8 +213,13 @@ def _convert_into(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
     for p in out.iterdir():  # save_pretrained leaves some files 0600; the cache is for every user
         p.chmod(0o644)
-    info = {"gguf": GGUF_NAME, "gguf_sha256": GGUF_SHA256, "transformers": transformers.__version__,
-            "dtype": str(model.dtype).removeprefix("torch."), "model_type": model.config.model_type}
+    info = {
+        "gguf": GGUF_NAME,
+        "gguf_sha256": GGUF_SHA256,
+        "transformers": transformers.__version__,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "model_type": model.config.model_type,
+    }
     (out / MARKER).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
 
 

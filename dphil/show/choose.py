@@ -128,8 +128,9 @@ def _is_terminal(stream: IO[str]) -> bool:
 def show(req: ShowRequest, console: Console) -> int:
     """Run one dphil-show request; return the exit status (DataError, exit 65, when nothing was shown)."""
     fmt = output_format(req.fmt, req.output)
-    to_dir = fmt == "svg" and req.output is not None and (
-        req.output.endswith(("/", os.sep)) or os.path.isdir(req.output))
+    to_dir = (
+        fmt == "svg" and req.output is not None and (req.output.endswith(("/", os.sep)) or os.path.isdir(req.output))
+    )
     if req.every and req.episodes:
         raise UsageError("--all and --episode contradict each other")
     if fmt == "svg" and not to_dir and (req.every or len(req.episodes) > 1):
@@ -145,8 +146,10 @@ def show(req: ShowRequest, console: Console) -> int:
     if first is not None and first.get("kind") == "checkpoint" and fmt in ("svg", "png"):
         return _show_curve(req, to_dir, reader, first, records, console)
     if fmt == "png":
-        raise UsageError("png draws a training curve from checkpoint records (dphil-train or "
-                         "dphil-ckpt-select output); episodes are text, svg or html")
+        raise UsageError(
+            "png draws a training curve from checkpoint records (dphil-train or "
+            "dphil-ckpt-select output); episodes are text, svg or html"
+        )
     picker = Picker(list(req.episodes), limit=req.limit if many else 1, reject=reader.reject)
     chosen = picker(itertools.chain(() if first is None else (first,), records))
     try:
@@ -164,8 +167,14 @@ def show(req: ShowRequest, console: Console) -> int:
     return 0
 
 
-def _show_curve(req: ShowRequest, to_dir: bool, reader: RecordReader, first: dict[str, Any],
-                rest: Iterator[dict[str, Any]], console: Console) -> int:
+def _show_curve(
+    req: ShowRequest,
+    to_dir: bool,
+    reader: RecordReader,
+    first: dict[str, Any],
+    rest: Iterator[dict[str, Any]],
+    console: Console,
+) -> int:
     """Checkpoint records first, and a picture asked for: the run's training curve, one SVG or PNG.
 
     Records with a `selection` (dphil-ckpt-select output, e.g. a second input)
@@ -185,8 +194,7 @@ def _show_curve(req: ShowRequest, to_dir: bool, reader: RecordReader, first: dic
         yield reader.source, reader.line, first
         for record in rest:
             if record.get("kind") != "checkpoint":
-                reader.reject(DataError(f"not a checkpoint record (kind {record.get('kind', 'episode')!r}): "
-                                        "skipped"))
+                reader.reject(DataError(f"not a checkpoint record (kind {record.get('kind', 'episode')!r}): skipped"))
                 continue
             yield reader.source, reader.line, record
 
@@ -235,8 +243,14 @@ def _to_output(path: str | None, write: Callable[[IO[bytes]], None]) -> None:
         write(fh)
 
 
-def _write(fmt: str, chosen: Iterable[tuple[dict[str, Any], Timeline]], out: IO[bytes], picker: Picker,
-           color: bool, source: str) -> None:
+def _write(
+    fmt: str,
+    chosen: Iterable[tuple[dict[str, Any], Timeline]],
+    out: IO[bytes],
+    picker: Picker,
+    color: bool,
+    source: str,
+) -> None:
     """Stream the chosen episodes to one output in one format."""
     shown = 0
     if fmt == "html":

@@ -21,8 +21,13 @@ from dphil.io.errors import DataError
 # A philosopher's state in one round, after the round's actions took effect.
 THINKING, LEFT, RIGHT, BOTH, EATING = "thinking", "left", "right", "both", "eating"
 STATES = (THINKING, LEFT, RIGHT, BOTH, EATING)
-STATE_TEXT = {THINKING: "holds no fork", LEFT: "holds the left fork", RIGHT: "holds the right fork",
-              BOTH: "holds both forks", EATING: "eats"}
+STATE_TEXT = {
+    THINKING: "holds no fork",
+    LEFT: "holds the left fork",
+    RIGHT: "holds the right fork",
+    BOTH: "holds both forks",
+    EATING: "eats",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +79,13 @@ def timeline(record: dict[str, Any]) -> Timeline:
         raise DataError(f"a table of {n} philosophers with only {len(turns)} turns recorded")
     chunk: list = []
     try:
-        table = Table(n, rounds, protocol=protocol, deadlock_mode=record.get("deadlock_mode", "terminal"),
-                      resolve=recorded_winner(record, chunk))
+        table = Table(
+            n,
+            rounds,
+            protocol=protocol,
+            deadlock_mode=record.get("deadlock_mode", "terminal"),
+            resolve=recorded_winner(record, chunk),
+        )
     except ValueError as e:
         raise DataError(str(e)) from None
     sequential = record["schedule"] == "sequential"
@@ -95,8 +105,7 @@ def timeline(record: dict[str, Any]) -> Timeline:
             if not (sequential and record["status"] == "error" and k + len(chunk) == total):
                 missing = [i for i in range(n) if seats[i] is None]
                 raise DataError(f"round {r}: no turn for philosopher(s) {missing}")
-            outcomes = [(t["philosopher"], table.apply_code(t["philosopher"], _code(table, t, r)))
-                        for t in chunk]
+            outcomes = [(t["philosopher"], table.apply_code(t["philosopher"], _code(table, t, r))) for t in chunk]
             got = [(i, out == OK, None if out == OK else REASONS[out - 1]) for i, out in outcomes]
         else:
             actions: list = [None] * n
@@ -109,9 +118,11 @@ def timeline(record: dict[str, Any]) -> Timeline:
             got = [(t["philosopher"], t["ok"], t["reason"]) for t in played]
         for j, (want, (i, ok, reason)) in enumerate(zip(chunk, got, strict=True), k):
             if want["philosopher"] != i or want.get("ok") is not ok or want.get("reason") != reason:
-                raise DataError(f"turns[{j}] disagrees with the table: philosopher {want['philosopher']} "
-                                f"{want.get('action') or 'null'} ok={want.get('ok')} reason={want.get('reason')}; "
-                                f"the table gives philosopher {i} ok={ok} reason={reason}")
+                raise DataError(
+                    f"turns[{j}] disagrees with the table: philosopher {want['philosopher']} "
+                    f"{want.get('action') or 'null'} ok={want.get('ok')} reason={want.get('reason')}; "
+                    f"the table gives philosopher {i} ok={ok} reason={reason}"
+                )
         holder = table.holder[:]  # before end_round releases anything
         ate = [False] * n
         if protocol == "paper":  # eating is an action; in dpbench it is the table's auto-eat event
@@ -177,10 +188,15 @@ def _code(table: Table, turn: dict, r: int) -> int:
 
 # -- words shared by the text and the picture --------------------------------------------------
 
+
 def describe(record: dict[str, Any]) -> str:
     """One line naming the episode: model, table size, seed, rules."""
-    parts = [str(record.get("model", "?")), f"N={record['n']}", f"seed {record.get('seed')}",
-             f"{record['protocol']}, {record['schedule']}"]
+    parts = [
+        str(record.get("model", "?")),
+        f"N={record['n']}",
+        f"seed {record.get('seed')}",
+        f"{record['protocol']}, {record['schedule']}",
+    ]
     for key in ("prompt", "run", "checkpoint_step"):
         if record.get(key) is not None:
             parts.append(f"{key.replace('_', ' ')} {record[key]}")
@@ -229,8 +245,12 @@ def reward_terms(record: dict[str, Any]) -> list[tuple[str, float, float]] | Non
     if not isinstance(comps, dict) or not isinstance(weights, dict):
         return []
     terms = []
-    for name, weight, sign in (("no_deadlock", "alpha", 1), ("throughput", "beta", 1),
-                               ("fairness", "gamma", -1), ("idle", "delta", -1)):
+    for name, weight, sign in (
+        ("no_deadlock", "alpha", 1),
+        ("throughput", "beta", 1),
+        ("fairness", "gamma", -1),
+        ("idle", "delta", -1),
+    ):
         value, w = comps.get(name), weights.get(weight)
         if isinstance(value, int | float) and isinstance(w, int | float):
             terms.append((name, sign * float(w), float(value)))
@@ -276,25 +296,39 @@ def turn_text(cell: Cell, philosopher: int, rnd: int) -> str:
 # -- text ------------------------------------------------------------------------------------
 
 GLYPHS = {THINKING: ".", LEFT: "L", RIGHT: "R", BOTH: "B", EATING: "E"}
-LEGEND = ("cells  . no fork  L left fork  R right fork  B both forks  E eating\n"
-          "marks  ! failed action  ? no action (null)  - no turn recorded  # deadlock")
-_SGR = {THINKING: "2", LEFT: "36", RIGHT: "36", BOTH: "1;34", EATING: "1;32", "!": "1;31", "?": "1;33",
-        "#": "1;31", "-": "2", "head": "1"}
+LEGEND = (
+    "cells  . no fork  L left fork  R right fork  B both forks  E eating\n"
+    "marks  ! failed action  ? no action (null)  - no turn recorded  # deadlock"
+)
+_SGR = {
+    THINKING: "2",
+    LEFT: "36",
+    RIGHT: "36",
+    BOTH: "1;34",
+    EATING: "1;32",
+    "!": "1;31",
+    "?": "1;33",
+    "#": "1;31",
+    "-": "2",
+    "head": "1",
+}
 
 
 def _paint(text: str, style: str, color: bool) -> str:
     return f"\x1b[{_SGR[style]}m{text}\x1b[0m" if color and text.strip() else text
 
 
-def render_text(record: dict[str, Any], color: bool = False, *, legend: bool = True,
-                tl: Timeline | None = None) -> str:
+def render_text(record: dict[str, Any], color: bool = False, *, legend: bool = True, tl: Timeline | None = None) -> str:
     """The episode as rows of glyphs, one column per round; ANSI colours only when `color`."""
     tl = tl or timeline(record)
     n = tl.n
     width = max(len("deadlock"), len(f"P{n - 1}")) + 1
     played = tl.rounds_played
-    lines = [_paint(f"episode {record.get('episode_id', '?')}  {describe(record)}", "head", color),
-             outcome_text(tl), ""]
+    lines = [
+        _paint(f"episode {record.get('episode_id', '?')}  {describe(record)}", "head", color),
+        outcome_text(tl),
+        "",
+    ]
     lines.append("round".ljust(width) + "".join(f"{r:>3}" for r in range(1, played + 1)))
     for i, row in enumerate(tl.cells):
         out = [f"P{i}".ljust(width)]
@@ -326,27 +360,37 @@ _FAIL, _NULL, _DEADLOCK, _INK, _MUTED = "#d62728", "#e07b00", "#d62728", "#1f232
 FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
 
 
-def _cell_shapes(x: int, y: int, state: str, *, failed: bool = False, null: bool = False,
-                 missing: bool = False) -> str:
+def _cell_shapes(x: int, y: int, state: str, *, failed: bool = False, null: bool = False, missing: bool = False) -> str:
     """The drawing of one cell: a plate, with a fork bar on each side held, green when eating."""
     fill = _EAT if state == EATING else _BOTH if state == BOTH else _PLATE
-    edge, width, dash = (_FAIL, 2.2, "") if failed else (_NULL, 2.2, ' stroke-dasharray="3 2"') if null \
+    edge, width, dash = (
+        (_FAIL, 2.2, "")
+        if failed
+        else (_NULL, 2.2, ' stroke-dasharray="3 2"')
+        if null
         else (_PLATE_EDGE, 1, ' stroke-dasharray="2 2"' if missing else "")
-    out = [f'<rect x="{x}" y="{y}" width="{CELL_W}" height="{CELL_H}" rx="4" fill="{fill}" stroke="{edge}" '
-           f'stroke-width="{width}"{dash}/>']
+    )
+    out = [
+        f'<rect x="{x}" y="{y}" width="{CELL_W}" height="{CELL_H}" rx="4" fill="{fill}" stroke="{edge}" '
+        f'stroke-width="{width}"{dash}/>'
+    ]
     fork = "#ffffff" if state == EATING else _FORK
     if state in (LEFT, BOTH, EATING):
         out.append(f'<rect x="{x + 3}" y="{y + 4}" width="5" height="{CELL_H - 8}" rx="1.5" fill="{fork}"/>')
     if state in (RIGHT, BOTH, EATING):
         out.append(f'<rect x="{x + CELL_W - 8}" y="{y + 4}" width="5" height="{CELL_H - 8}" rx="1.5" fill="{fork}"/>')
     if null:
-        out.append(f'<text x="{x + CELL_W / 2}" y="{y + CELL_H / 2 + 4}" text-anchor="middle" font-size="11" '
-                   f'font-weight="bold" fill="{_NULL}">?</text>')
+        out.append(
+            f'<text x="{x + CELL_W / 2}" y="{y + CELL_H / 2 + 4}" text-anchor="middle" font-size="11" '
+            f'font-weight="bold" fill="{_NULL}">?</text>'
+        )
     elif failed:
         c = x + CELL_W / 2
         m = y + CELL_H / 2
-        out.append(f'<path d="M{c - 3} {m - 3}L{c + 3} {m + 3}M{c + 3} {m - 3}L{c - 3} {m + 3}" '
-                   f'stroke="{_FAIL}" stroke-width="2" stroke-linecap="round"/>')
+        out.append(
+            f'<path d="M{c - 3} {m - 3}L{c + 3} {m + 3}M{c + 3} {m - 3}L{c - 3} {m + 3}" '
+            f'stroke="{_FAIL}" stroke-width="2" stroke-linecap="round"/>'
+        )
     return "".join(out)
 
 
@@ -372,37 +416,50 @@ def episode_svg(record: dict[str, Any], *, tl: Timeline | None = None, standalon
     below = grid_bottom + (14 if tl.deadlock_rounds else 0)
     height = below + (24 if reward else 0) + (36 if standalone else 4)
     ident = escape(str(record.get("episode_id", "")))
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="dphil-timeline" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" font-family="{FONT}" font-size="12" fill="{_INK}" '
-             f'data-episode="{ident}" data-n="{n}" data-rounds="{played}">',
-             f'<title>{escape(describe(record))} · {escape(outcome_text(tl))}</title>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="dphil-timeline" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="{FONT}" font-size="12" fill="{_INK}" '
+        f'data-episode="{ident}" data-n="{n}" data-rounds="{played}">',
+        f"<title>{escape(describe(record))} · {escape(outcome_text(tl))}</title>",
+    ]
     if standalone:
-        parts += [f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
-                  f'<text x="8" y="20" font-size="14" font-weight="bold">{escape(describe(record))}</text>',
-                  f'<text x="8" y="38" fill="{_DEADLOCK if tl.deadlock_rounds else _MUTED}">'
-                  f'{escape(outcome_text(tl))}</text>']
+        parts += [
+            f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
+            f'<text x="8" y="20" font-size="14" font-weight="bold">{escape(describe(record))}</text>',
+            f'<text x="8" y="38" fill="{_DEADLOCK if tl.deadlock_rounds else _MUTED}">'
+            f"{escape(outcome_text(tl))}</text>",
+        ]
     for r in tl.deadlock_rounds:
         x = left + (r - 1) * PITCH_X - 3
-        parts.append(f'<rect class="deadlock" data-r="{r}" x="{x}" y="{top - 16}" width="{CELL_W + 6}" '
-                     f'height="{n * PITCH_Y + 14}" rx="5" fill="{_DEADLOCK}" fill-opacity="0.13"/>')
-        parts.append(f'<rect x="{x + 3}" y="{grid_bottom + 1}" width="{CELL_W}" height="4" rx="2" '
-                     f'fill="{_DEADLOCK}"/>')
+        parts.append(
+            f'<rect class="deadlock" data-r="{r}" x="{x}" y="{top - 16}" width="{CELL_W + 6}" '
+            f'height="{n * PITCH_Y + 14}" rx="5" fill="{_DEADLOCK}" fill-opacity="0.13"/>'
+        )
+        parts.append(f'<rect x="{x + 3}" y="{grid_bottom + 1}" width="{CELL_W}" height="4" rx="2" fill="{_DEADLOCK}"/>')
     if tl.deadlock_rounds:
-        parts.append(f'<text x="{left - 8}" y="{grid_bottom + 7}" text-anchor="end" font-size="10" '
-                     f'font-weight="bold" fill="{_DEADLOCK}">deadlock</text>')
+        parts.append(
+            f'<text x="{left - 8}" y="{grid_bottom + 7}" text-anchor="end" font-size="10" '
+            f'font-weight="bold" fill="{_DEADLOCK}">deadlock</text>'
+        )
     for r in range(1, cols + 1):
         x = left + (r - 1) * PITCH_X + CELL_W / 2
         label = r if r < cols or cols == rounds else f"…{rounds}"
-        parts.append(f'<text x="{x}" y="{top - 5}" text-anchor="middle" font-size="10" '
-                     f'fill="{_MUTED if r > played else _INK}">{label}</text>')
+        parts.append(
+            f'<text x="{x}" y="{top - 5}" text-anchor="middle" font-size="10" '
+            f'fill="{_MUTED if r > played else _INK}">{label}</text>'
+        )
     if played < cols:
         x = left + played * PITCH_X
         w = (cols - played) * PITCH_X - 4
-        parts.append(f'<rect class="unplayed" x="{x}" y="{top}" width="{w}" height="{n * PITCH_Y - 4}" rx="4" '
-                     f'fill="#fafbfc" stroke="{_PLATE_EDGE}" stroke-dasharray="4 3"/>')
+        parts.append(
+            f'<rect class="unplayed" x="{x}" y="{top}" width="{w}" height="{n * PITCH_Y - 4}" rx="4" '
+            f'fill="#fafbfc" stroke="{_PLATE_EDGE}" stroke-dasharray="4 3"/>'
+        )
         if w >= 60:
-            parts.append(f'<text x="{x + w / 2}" y="{top + n * PITCH_Y / 2}" text-anchor="middle" font-size="10" '
-                         f'fill="{_MUTED}">not played</text>')
+            parts.append(
+                f'<text x="{x + w / 2}" y="{top + n * PITCH_Y / 2}" text-anchor="middle" font-size="10" '
+                f'fill="{_MUTED}">not played</text>'
+            )
     for i, row in enumerate(tl.cells):
         y = top + i * PITCH_Y
         parts.append(f'<text x="{left - 8}" y="{y + CELL_H / 2 + 4}" text-anchor="end">P{i}</text>')
@@ -410,14 +467,18 @@ def episode_svg(record: dict[str, Any], *, tl: Timeline | None = None, standalon
             x = left + (r - 1) * PITCH_X
             flags = " failed" if cell.failed else " null" if cell.null else " missing" if cell.missing else ""
             t = "" if cell.index is None else f' data-t="{cell.index}"'
-            parts.append(f'<g class="mark {cell.state}{flags}" data-p="{i}" data-r="{r}" data-state="{cell.state}"'
-                         f'{t}><title>{escape(turn_text(cell, i, r))}</title>'
-                         f'{_cell_shapes(x, y, cell.state, failed=cell.failed, null=cell.null, missing=cell.missing)}'
-                         '</g>')
+            parts.append(
+                f'<g class="mark {cell.state}{flags}" data-p="{i}" data-r="{r}" data-state="{cell.state}"'
+                f"{t}><title>{escape(turn_text(cell, i, r))}</title>"
+                f"{_cell_shapes(x, y, cell.state, failed=cell.failed, null=cell.null, missing=cell.missing)}"
+                "</g>"
+            )
         meals = tl.meals[i] if i < len(tl.meals) else 0
         style = f'fill="{_INK}" font-weight="bold"' if meals else f'fill="{_MUTED}"'
-        parts.append(f'<text x="{left + grid_w + 4}" y="{y + CELL_H / 2 + 4}" {style}>'
-                     f'{meals} meal{"" if meals == 1 else "s"}</text>')
+        parts.append(
+            f'<text x="{left + grid_w + 4}" y="{y + CELL_H / 2 + 4}" {style}>'
+            f"{meals} meal{'' if meals == 1 else 's'}</text>"
+        )
     y = below
     if reward:
         parts.append(f'<text class="reward" x="8" y="{y + 17}">{escape(reward)}</text>')
@@ -430,9 +491,15 @@ def episode_svg(record: dict[str, Any], *, tl: Timeline | None = None, standalon
 
 def legend_svg(x: int, y: int) -> str:
     """A row of small example cells with their meaning."""
-    items = [(THINKING, {}, "no fork"), (LEFT, {}, "left fork"), (RIGHT, {}, "right fork"),
-             (BOTH, {}, "both forks"), (EATING, {}, "eating"), (THINKING, {"failed": True}, "failed"),
-             (THINKING, {"null": True}, "no action")]
+    items = [
+        (THINKING, {}, "no fork"),
+        (LEFT, {}, "left fork"),
+        (RIGHT, {}, "right fork"),
+        (BOTH, {}, "both forks"),
+        (EATING, {}, "eating"),
+        (THINKING, {"failed": True}, "failed"),
+        (THINKING, {"null": True}, "no action"),
+    ]
     out = [f'<g class="legend" transform="translate({x} {y}) scale(0.8)">']
     cx = 0
     for state, flags, label in items:

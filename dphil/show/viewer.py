@@ -180,8 +180,10 @@ def _terms_table(record: dict[str, Any]) -> str:
         rows.append(f"<tr><td>{escape(name)}</td><td>{v:.3f}</td><td>{w:+g}</td><td>{w * v + 0.0:+.3f}</td></tr>")
     total = reward.get("total")
     total_text = f"{total:.3f}" if isinstance(total, int | float) else "null"
-    rows.append(f'<tr class="total"><td>total ({escape(str(reward.get("variant", "?")))})</td><td></td><td></td>'
-                f"<td>{total_text}</td></tr></table>")
+    rows.append(
+        f'<tr class="total"><td>total ({escape(str(reward.get("variant", "?")))})</td><td></td><td></td>'
+        f"<td>{total_text}</td></tr></table>"
+    )
     return "".join(rows)
 
 
@@ -193,25 +195,31 @@ def episode_section(record: dict[str, Any], index: int, *, tl: Timeline | None =
     """
     tl = tl or timeline(record)
     bad = bool(tl.deadlock_rounds) or record.get("status") == "error"
-    attrs = (f'id="e{index}" data-model="{escape(str(record.get("model", "")))}" data-n="{tl.n}" '
-             f'data-status="{escape(str(record.get("status", "")))}" '
-             f'data-deadlock="{"yes" if tl.deadlock_rounds else "no"}" '
-             f'data-episode="{escape(str(record.get("episode_id", "")))}"')
-    return (f'<section class="episode" {attrs}>'
-            f'<h2><span class="id">{escape(str(record.get("episode_id", "")))}</span>{escape(describe(record))}</h2>'
-            f'<p class="outcome{" bad" if bad else ""}">{escape(outcome_text(tl))}</p>'
-            f'<div class="cols"><div class="timeline">{episode_svg(record, tl=tl, standalone=False)}</div>'
-            f'<div class="side">{_terms_table(record)}'
-            '<div class="turn"><p class="hint">Click a cell to see that turn: its action and outcome, and for '
-            'model runs the raw reply and tool call.</p></div></div></div>'
-            f'<script type="application/json" class="turns">{_json_for_script(record.get("turns", []))}</script>'
-            "</section>\n")
+    attrs = (
+        f'id="e{index}" data-model="{escape(str(record.get("model", "")))}" data-n="{tl.n}" '
+        f'data-status="{escape(str(record.get("status", "")))}" '
+        f'data-deadlock="{"yes" if tl.deadlock_rounds else "no"}" '
+        f'data-episode="{escape(str(record.get("episode_id", "")))}"'
+    )
+    return (
+        f'<section class="episode" {attrs}>'
+        f'<h2><span class="id">{escape(str(record.get("episode_id", "")))}</span>{escape(describe(record))}</h2>'
+        f'<p class="outcome{" bad" if bad else ""}">{escape(outcome_text(tl))}</p>'
+        f'<div class="cols"><div class="timeline">{episode_svg(record, tl=tl, standalone=False)}</div>'
+        f'<div class="side">{_terms_table(record)}'
+        '<div class="turn"><p class="hint">Click a cell to see that turn: its action and outcome, and for '
+        "model runs the raw reply and tool call.</p></div></div></div>"
+        f'<script type="application/json" class="turns">{_json_for_script(record.get("turns", []))}</script>'
+        "</section>\n"
+    )
 
 
 def legend_html() -> str:
     """The timeline legend as an inline SVG, once per page."""
-    return (f'<svg class="legend" width="620" height="{CELL + 4}" viewBox="0 0 620 {CELL + 4}" '
-            f'font-family="DejaVu Sans, Helvetica, Arial, sans-serif">{legend_svg(0, 2)}</svg>')
+    return (
+        f'<svg class="legend" width="620" height="{CELL + 4}" viewBox="0 0 620 {CELL + 4}" '
+        f'font-family="DejaVu Sans, Helvetica, Arial, sans-serif">{legend_svg(0, 2)}</svg>'
+    )
 
 
 def source_label(sources: list[str]) -> str:
@@ -231,16 +239,19 @@ class EpisodePage:
         self.count = 0
         title = f"dphil-show: {source}"
         out.write(
-            ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-             f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>\n"
-             "<header class=\"page\"><h1>Episodes</h1>"
-             f"<span class=\"src\">{escape(source)}</span>"
-             "<form class=\"filters\" onsubmit=\"return false\">"
-             "<label>model <select id=\"f-model\"><option value=\"\">all</option></select></label>"
-             "<label>table <select id=\"f-n\"><option value=\"\">all</option></select></label>"
-             "<label>status <select id=\"f-status\"><option value=\"\">all</option></select></label>"
-             f"<span id=\"count\"></span><span id=\"tally\"></span></form>{legend_html()}</header>\n<main>\n").encode())
+            (
+                '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+                '<meta name="viewport" content="width=device-width, initial-scale=1">'
+                f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>\n"
+                '<header class="page"><h1>Episodes</h1>'
+                f'<span class="src">{escape(source)}</span>'
+                '<form class="filters" onsubmit="return false">'
+                '<label>model <select id="f-model"><option value="">all</option></select></label>'
+                '<label>table <select id="f-n"><option value="">all</option></select></label>'
+                '<label>status <select id="f-status"><option value="">all</option></select></label>'
+                f'<span id="count"></span><span id="tally"></span></form>{legend_html()}</header>\n<main>\n'
+            ).encode()
+        )
 
     def add(self, record: dict[str, Any], tl: Timeline | None = None) -> None:
         self.out.write(episode_section(record, self.count, tl=tl).encode())

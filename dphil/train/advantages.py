@@ -74,9 +74,7 @@ class TurnAdvantages:
     episode_tied: bool = False  # every episode of the group scored the same (zero_std)
 
 
-def turn_advantages(
-    records: Sequence[dict[str, Any]], spec: AdvantageSpec, *, scale: bool = True
-) -> TurnAdvantages:
+def turn_advantages(records: Sequence[dict[str, Any]], spec: AdvantageSpec, *, scale: bool = True) -> TurnAdvantages:
     """The advantage of every turn of every scored episode of one group (one scenario)."""
     if not records:
         raise ValueError("a group needs at least one episode")
@@ -84,7 +82,9 @@ def turn_advantages(
     if spec.mode == "episode":
         out = TurnAdvantages(
             [[a] * len(r["turns"]) for r, a in zip(records, ep.advantages, strict=True)],
-            ep.advantages, 1, int(ep.zero_std),
+            ep.advantages,
+            1,
+            int(ep.zero_std),
         )
     elif spec.mode == "philosopher":
         out = _philosopher(records, ep.advantages, scale)
@@ -107,9 +107,7 @@ def _philosopher(records: Sequence[dict[str, Any]], episode: list[float], scale:
     return TurnAdvantages(turns, episode, n, tied)
 
 
-def _step(
-    records: Sequence[dict[str, Any]], episode: list[float], spec: AdvantageSpec, scale: bool
-) -> TurnAdvantages:
+def _step(records: Sequence[dict[str, Any]], episode: list[float], spec: AdvantageSpec, scale: bool) -> TurnAdvantages:
     _same_n(records)
     members: dict[tuple, list[tuple[int, int, float]]] = {}
     for e, r in enumerate(records):
@@ -254,9 +252,13 @@ def _replay(record: dict[str, Any]) -> _Replayed:
     if len(turns) % n:
         raise ValueError("an episode's turns must hold one turn per philosopher per round")
     chunk: list[dict[str, Any]] = []
-    table = Table(n, record["rounds"], protocol=record["protocol"],
-                  deadlock_mode=record.get("deadlock_mode", "terminal"),
-                  resolve=recorded_winner(record, chunk))
+    table = Table(
+        n,
+        record["rounds"],
+        protocol=record["protocol"],
+        deadlock_mode=record.get("deadlock_mode", "terminal"),
+        resolve=recorded_winner(record, chunk),
+    )
     keys: list[tuple] = []
     meals_by_round: list[list[int]] = []
     deadlock_round = None
@@ -282,7 +284,8 @@ def _replay(record: dict[str, Any]) -> _Replayed:
         if table.end_round() and deadlock_round is None:
             deadlock_round = rnd
             completers = sorted(
-                t["philosopher"] for t in chunk
+                t["philosopher"]
+                for t in chunk
                 if t["ok"] and t["action"] is not None and table.code(t["action"]) in (PICK_LEFT, PICK_RIGHT)
             )
         meals_by_round.append([a - b for a, b in zip(table.meals, before, strict=True)])

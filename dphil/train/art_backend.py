@@ -50,8 +50,7 @@ from dphil.train.advantages import philosopher_returns
 
 FLAVOURS = ("art", "art-serverless", "art-tinker")
 INSTALL = {
-    "art": "a CUDA GPU and ART's backend extra: pip install 'dphil[art]' "
-    "'openpipe-art[backend]==0.5.18'",
+    "art": "a CUDA GPU and ART's backend extra: pip install 'dphil[art]' 'openpipe-art[backend]==0.5.18'",
     "art-serverless": "pip install 'dphil[art]' and W&B credentials in WANDB_API_KEY",
     "art-tinker": "pip install 'dphil[art]' 'openpipe-art[tinker]==0.5.18' and TINKER_API_KEY",
 }
@@ -90,9 +89,7 @@ def import_art(flavour: str) -> Any:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     missing = [m for m in ("art", *NEEDS[flavour]) if importlib.util.find_spec(m) is None]
     if missing:
-        raise MissingExtraError(
-            f"--backend {flavour} needs {', '.join(missing)}: {INSTALL[flavour]}"
-        )
+        raise MissingExtraError(f"--backend {flavour} needs {', '.join(missing)}: {INSTALL[flavour]}")
     import art
 
     return art
@@ -126,9 +123,7 @@ def scenario_group(art: Any, trajectories_per_episode: Sequence[list[Any]], scen
     )
 
 
-def seat_groups(
-    art: Any, trajectories_per_episode: Sequence[list[Any]], scenario: str
-) -> list[Any]:
+def seat_groups(art: Any, trajectories_per_episode: Sequence[list[Any]], scenario: str) -> list[Any]:
     """One TrajectoryGroup per seat: philosopher i of every episode of the scenario."""
     seats = len(trajectories_per_episode[0])
     return [
@@ -170,11 +165,20 @@ def turn_trajectories(
             messages.append(choice_message(m))
         else:
             raise ValueError(f"philosopher {i} has no reply for round {want}")
-        out.append(art.Trajectory(
-            messages_and_choices=messages, tools=tools, reward=adv,
-            metadata={"episode_id": config.episode_id, "philosopher": i, "round": want,
-                      "n": config.n, "seed": config.seed},
-        ))
+        out.append(
+            art.Trajectory(
+                messages_and_choices=messages,
+                tools=tools,
+                reward=adv,
+                metadata={
+                    "episode_id": config.episode_id,
+                    "philosopher": i,
+                    "round": want,
+                    "n": config.n,
+                    "seed": config.seed,
+                },
+            )
+        )
     return out
 
 
@@ -210,11 +214,18 @@ def art_groups(art: Any, groups: Sequence[Any], mode: str) -> list[Any]:
         elif mode == "philosopher":
             per_episode = [
                 [
-                    art.Trajectory(messages_and_choices=list(h), tools=tools, reward=ret,
-                                   metadata={"episode_id": ep.config.episode_id, "philosopher": i,
-                                             "n": ep.config.n, "seed": ep.config.seed})
-                    for i, (h, ret) in enumerate(
-                        zip(ep.histories, philosopher_returns(ep.record), strict=True))
+                    art.Trajectory(
+                        messages_and_choices=list(h),
+                        tools=tools,
+                        reward=ret,
+                        metadata={
+                            "episode_id": ep.config.episode_id,
+                            "philosopher": i,
+                            "n": ep.config.n,
+                            "seed": ep.config.seed,
+                        },
+                    )
+                    for i, (h, ret) in enumerate(zip(ep.histories, philosopher_returns(ep.record), strict=True))
                 ]
                 for ep in g.episodes
             ]
@@ -324,9 +335,7 @@ class ArtBackend:
             [
                 {
                     "role": "system",
-                    "content": s.prompt.system(
-                        config.protocol, config.n, i, schedule=config.schedule, tools=True
-                    ),
+                    "content": s.prompt.system(config.protocol, config.n, i, schedule=config.schedule, tools=True),
                 }
             ]
             for i in range(config.n)
@@ -351,9 +360,7 @@ class ArtBackend:
             histories[i].append(choice)  # the Choice itself: ART trains only on Choices
             parsed = parse_reply(choice.message.content, choice.message.tool_calls, config.protocol)
             for call in choice.message.tool_calls or []:
-                histories[i].append(
-                    {"role": "tool", "tool_call_id": call.id, "content": "Action received."}
-                )
+                histories[i].append({"role": "tool", "tool_call_id": call.id, "content": "Action received."})
             return parsed.action, {"raw": choice.message.content, "tool_call": parsed.tool_call}
 
         while not table.over:
@@ -373,9 +380,7 @@ class ArtBackend:
         tgroups = art_groups(self.art, groups, mode)
         extra = {"scale_rewards": False} if mode == "step" else {}
         self.loop.run_until_complete(
-            self.backend.train(
-                self.model, tgroups, learning_rate=self.settings.learning_rate, **extra
-            )
+            self.backend.train(self.model, tgroups, learning_rate=self.settings.learning_rate, **extra)
         )
         return {"trajectory_groups": float(len(tgroups))}
 

@@ -57,11 +57,7 @@ class Curriculum:
     def advance(self, state: dict, train_reward: float) -> dict:
         """The state after a step that scored `train_reward` on average."""
         prev = state.get("smoothed_reward")
-        smoothed = (
-            train_reward
-            if prev is None
-            else (self.smoothing * prev + (1.0 - self.smoothing) * train_reward)
-        )
+        smoothed = train_reward if prev is None else (self.smoothing * prev + (1.0 - self.smoothing) * train_reward)
         stage = state.get("stage", 0)
         if self.kind == "staged":
             return {"stage": stage, "smoothed_reward": smoothed}

@@ -29,9 +29,7 @@ class GroupAdvantages:
     zero_std: bool
 
 
-def group_advantages(
-    rewards: Sequence[float], *, scale: bool = True, eps: float = 1e-6
-) -> GroupAdvantages:
+def group_advantages(rewards: Sequence[float], *, scale: bool = True, eps: float = 1e-6) -> GroupAdvantages:
     """(r - mean) / (std + eps) within a group; all zeros when every reward is the same.
 
     `scale=False` gives Dr. GRPO's unscaled advantages (r - mean), which do not

@@ -49,9 +49,7 @@ def build_config(opts: dict[str, Any]) -> TrainConfig:
         )
     except ValueError as e:
         raise UsageError(str(e)) from None
-    curriculum = parse_curriculum(
-        opts["curriculum"], sizes, advance_at=opts["advance_at"], smoothing=opts["smoothing"]
-    )
+    curriculum = parse_curriculum(opts["curriculum"], sizes, advance_at=opts["advance_at"], smoothing=opts["smoothing"])
     steps = opts["steps"] or curriculum.planned_steps or DEFAULT_STEPS
     run_dir = Path(opts["run_dir"])
     val_every = opts["val_every"]
@@ -68,14 +66,8 @@ def build_config(opts: dict[str, Any]) -> TrainConfig:
                 raise UsageError(f"--val-episodes {count}: only {len(listed)} --val-seeds given")
             val_seeds = tuple(listed[:count])
         else:
-            val_seeds = default_val_seeds(
-                opts["seed"], opts["val_episodes"] or DEFAULT_VAL_EPISODES
-            )
-        val_sizes = (
-            tuple(parse_int_list(opts["val_n"], "--val-n"))
-            if opts["val_n"]
-            else curriculum.all_sizes
-        )
+            val_seeds = default_val_seeds(opts["seed"], opts["val_episodes"] or DEFAULT_VAL_EPISODES)
+        val_sizes = tuple(parse_int_list(opts["val_n"], "--val-n")) if opts["val_n"] else curriculum.all_sizes
         if min(val_sizes) < 2:
             raise UsageError("--val-n: a table needs at least 2 philosophers")
     lora_alpha = opts["lora_alpha"] or 2 * opts["lora_rank"]
@@ -87,9 +79,7 @@ def build_config(opts: dict[str, Any]) -> TrainConfig:
         "decode": opts["decode"] if opts["backend"] == "peft" else "free",
         "temperature": opts["temperature"],
         "max_new_tokens": opts["max_new_tokens"],
-        "prompt": opts["prompt_name"]
-        if opts["prompt_file"] is None
-        else f"file:{opts['prompt_file']}",
+        "prompt": opts["prompt_name"] if opts["prompt_file"] is None else f"file:{opts['prompt_file']}",
         "memory": opts["memory"],
         "learning_rate": opts["learning_rate"],
         "clip_epsilon": opts["clip_epsilon"],
@@ -222,9 +212,7 @@ def launch(console: Console, opts: dict[str, Any]) -> int:
         if opts.get("tensorboard"):
             from dphil.train.tensorboard_log import TensorBoardLog
 
-            board = TensorBoardLog(
-                cfg.run_dir, load_journal(cfg.run_dir) if cfg.run_dir.exists() else []
-            )
+            board = TensorBoardLog(cfg.run_dir, load_journal(cfg.run_dir) if cfg.run_dir.exists() else [])
 
         def emit(record: dict[str, Any]) -> None:
             out.write(record)

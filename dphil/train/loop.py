@@ -168,14 +168,8 @@ def load_journal(run_dir: Path) -> list[dict[str, Any]]:
         try:
             rec = orjson.loads(line)
         except orjson.JSONDecodeError:
-            raise DataError(
-                "invalid JSON in the run journal", source=str(path), line=lineno
-            ) from None
-        if (
-            not isinstance(rec, dict)
-            or rec.get("kind") != "checkpoint"
-            or type(rec.get("step")) is not int
-        ):
+            raise DataError("invalid JSON in the run journal", source=str(path), line=lineno) from None
+        if not isinstance(rec, dict) or rec.get("kind") != "checkpoint" or type(rec.get("step")) is not int:
             raise DataError("not a checkpoint record", source=str(path), line=lineno)
         records.append(rec)
     steps = [r["step"] for r in records]
@@ -248,9 +242,7 @@ def _written_at(rec: dict[str, Any]) -> int:
 # -- the loop ---------------------------------------------------------------------------------
 
 
-def run_training(
-    cfg: TrainConfig, make_backend: Callable[[str | None], Backend], progress: Progress
-) -> int:
+def run_training(cfg: TrainConfig, make_backend: Callable[[str | None], Backend], progress: Progress) -> int:
     """Train from the last committed step to `cfg.steps`; return how many steps were run."""
     check_settings(cfg)
     journal = load_journal(cfg.run_dir)
@@ -280,17 +272,14 @@ def run_training(
             groups = _score_groups(cfg, played)
             stats = backend.train_groups(groups, step=step)
             path = backend.save(step_dir(cfg.run_dir, step), step=step)
-            record = _checkpoint_record(
-                cfg, backend, step, path, sizes, seeds, groups, stats, state
-            )
+            record = _checkpoint_record(cfg, backend, step, path, sizes, seeds, groups, stats, state)
             episodes = [ep.record for g in groups for ep in g.episodes]
             if cfg.val_every and (step % cfg.val_every == 0 or step == cfg.steps):
                 val_eps = _validate(cfg, backend, step, path)
                 record.update(_summary("val", val_eps))
                 record["val_n"] = list(cfg.val_sizes)
                 record["val_reward_by_n"] = {
-                    str(n): _mean([e["reward"]["total"] for e in val_eps if e["n"] == n])
-                    for n in cfg.val_sizes
+                    str(n): _mean([e["reward"]["total"] for e in val_eps if e["n"] == n]) for n in cfg.val_sizes
                 }
                 episodes.extend(val_eps)
             state = cfg.curriculum.advance(state, record["train_reward"])
@@ -324,18 +313,37 @@ def _train_configs(
             seed = derive_seed("train", cfg.seed, step, g, k)
         seeds.append(seed)
         for j in range(cfg.group_size):
-            configs.append(_episode_config(cfg, backend, n, seed, {
-                "adapter": adapter, "run": cfg.run, "split": "train", "train_step": step,
-                "checkpoint_step": prev, "group": g, "sample": j,
-            }))
+            configs.append(
+                _episode_config(
+                    cfg,
+                    backend,
+                    n,
+                    seed,
+                    {
+                        "adapter": adapter,
+                        "run": cfg.run,
+                        "split": "train",
+                        "train_step": step,
+                        "checkpoint_step": prev,
+                        "group": g,
+                        "sample": j,
+                    },
+                )
+            )
     return configs, seeds
 
 
 def _episode_config(cfg: TrainConfig, backend: Backend, n: int, seed: int, tags: dict[str, Any]) -> EpisodeConfig:
     """An episode of this run on the table configured for it, tagged with where it belongs."""
     return EpisodeConfig(
-        model=backend.model_name, n=n, rounds=cfg.rounds, seed=seed, protocol=cfg.protocol,
-        schedule=cfg.schedule, conflict=cfg.conflict, deadlock_mode=cfg.deadlock_mode,
+        model=backend.model_name,
+        n=n,
+        rounds=cfg.rounds,
+        seed=seed,
+        protocol=cfg.protocol,
+        schedule=cfg.schedule,
+        conflict=cfg.conflict,
+        deadlock_mode=cfg.deadlock_mode,
         variant={**backend.policy_variant(), **tags},
     )
 
@@ -354,17 +362,25 @@ def _score_groups(cfg: TrainConfig, played: list[Played]) -> list[ScoredGroup]:
             groups.append(ScoredGroup(members, [], [], True))
             continue
         adv = turn_advantages([ep.record for ep in ok], cfg.advantage, scale=cfg.scale_advantages)
-        groups.append(ScoredGroup(
-            ok, rewards, adv.episode, adv.episode_tied,
-            adv.turns, adv.groups, adv.tied,
-        ))
+        groups.append(
+            ScoredGroup(
+                ok,
+                rewards,
+                adv.episode,
+                adv.episode_tied,
+                adv.turns,
+                adv.groups,
+                adv.tied,
+            )
+        )
     return groups
 
 
 def _validate(cfg: TrainConfig, backend: Backend, step: int, path: str) -> list[dict[str, Any]]:
     configs = [
-        _episode_config(cfg, backend, n, seed,
-                        {"adapter": path, "run": cfg.run, "split": "val", "checkpoint_step": step})
+        _episode_config(
+            cfg, backend, n, seed, {"adapter": path, "run": cfg.run, "split": "val", "checkpoint_step": step}
+        )
         for n in cfg.val_sizes
         for seed in cfg.val_seeds
     ]

@@ -72,8 +72,7 @@ class PeftBackend:
             import torch
         except ImportError as e:
             raise MissingExtraError(
-                f"--backend peft needs torch, transformers and peft ({e.name} is missing): "
-                "pip install 'dphil[train]'"
+                f"--backend peft needs torch, transformers and peft ({e.name} is missing): pip install 'dphil[train]'"
             ) from None
         self.torch = torch
         self.settings = settings
@@ -119,9 +118,7 @@ class PeftBackend:
             "temperature": s.temperature,
             "prompt": s.prompt.name,
             "prompt_version": s.prompt.version,
-            "memory": "full"
-            if s.memory is None
-            else ("none" if s.memory == 0 else f"window:{s.memory}"),
+            "memory": "full" if s.memory is None else ("none" if s.memory == 0 else f"window:{s.memory}"),
         }
 
     def rollout(self, configs: Sequence[EpisodeConfig], *, seed: int) -> list[Played]:
@@ -167,10 +164,7 @@ class PeftBackend:
         model = self.lm.model
         model.train()
         temperature = s.temperature or 1.0
-        total_units = sum(
-            1 if x.decision.candidate is not None else len(x.decision.completion_ids)
-            for x in samples
-        )
+        total_units = sum(1 if x.decision.candidate is not None else len(x.decision.completion_ids) for x in samples)
         self.optimizer.zero_grad(set_to_none=True)
         step = max(1, s.train_micro_batch)
         for start in range(0, len(samples), step):
@@ -181,9 +175,7 @@ class PeftBackend:
             width = lp.shape[1]
             for b, d in enumerate(decisions):
                 if d.old_logprobs:
-                    old[b, width - len(d.old_logprobs) :] = torch.tensor(
-                        d.old_logprobs, device=lp.device
-                    )
+                    old[b, width - len(d.old_logprobs) :] = torch.tensor(d.old_logprobs, device=lp.device)
             ref = None
             if s.kl_coef:
                 with torch.no_grad(), model.disable_adapter():
@@ -203,9 +195,7 @@ class PeftBackend:
             for key in ("loss", "pg_loss", "kl", "clip_fraction", "tokens"):
                 stats[key] += part[key]
         params = [p for p in model.parameters() if p.requires_grad]
-        norm = torch.nn.utils.clip_grad_norm_(
-            params, s.max_grad_norm if s.max_grad_norm > 0 else 1e9
-        )
+        norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm if s.max_grad_norm > 0 else 1e9)
         stats["grad_norm"] = float(norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

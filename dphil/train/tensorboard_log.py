@@ -58,8 +58,7 @@ def check_available() -> None:
     """Refuse `--tensorboard` before any model loads when its package is missing (exit 69)."""
     if importlib.util.find_spec("tensorboard") is None:
         raise MissingExtraError(
-            "--tensorboard needs the tensorboard package: pip install 'dphil[train]' "
-            "(or pip install tensorboard)"
+            "--tensorboard needs the tensorboard package: pip install 'dphil[train]' (or pip install tensorboard)"
         )
 
 
@@ -84,8 +83,7 @@ class TensorBoardLog:
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(self.directory),
-                                         purge_step=1 if self._journal else None)
+            self._writer = SummaryWriter(log_dir=str(self.directory), purge_step=1 if self._journal else None)
             for old in self._journal:
                 self._add(old)
         self._add(record)

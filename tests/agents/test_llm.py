@@ -25,8 +25,7 @@ from tests.support.openai_server import DROP, HANG, OpenAIServer, Reply, big, st
 
 KEY = "sk-test-0123456789abcdef"
 FAST = Limits(concurrency=8, timeout=5, retries=3, backoff=0.01, backoff_max=0.05)
-MESSAGES = [{"role": "system", "content": "You are philosopher 0."},
-            {"role": "user", "content": "Round 1 of 5."}]
+MESSAGES = [{"role": "system", "content": "You are philosopher 0."}, {"role": "user", "content": "Round 1 of 5."}]
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +38,13 @@ def server():
 def spec(server, monkeypatch, request):
     monkeypatch.setenv("DPHIL_TEST_KEY", KEY)
     name = request.node.name.replace("[", "-").replace("]", "")
-    return ModelSpec(name=name, model=f"openai/{name}", api_base=server.url,
-                     api_key_env="DPHIL_TEST_KEY")
+    return ModelSpec(name=name, model=f"openai/{name}", api_base=server.url, api_key_env="DPHIL_TEST_KEY")
 
 
 def complete(spec, limits=FAST, **kw):
     async def go():
         return await Gateway(limits).complete(spec, MESSAGES, **kw)
+
     return asyncio.run(go())
 
 
@@ -64,7 +63,13 @@ def test_tool_call_reply_usage_and_key_sent(server, spec):
     (req,) = requests_for(server, spec)
     assert req["authorization"] == f"Bearer {KEY}"
     assert [t["function"]["name"] for t in req["body"]["tools"]] == [
-        "pick-up-left", "pick-up-right", "put-down-left", "put-down-right", "eat", "think"]
+        "pick-up-left",
+        "pick-up-right",
+        "put-down-left",
+        "put-down-right",
+        "eat",
+        "think",
+    ]
     assert req["body"]["messages"] == MESSAGES
 
 
@@ -78,8 +83,13 @@ def test_text_and_reasoning_content(server, spec):
 
 def test_sampling_params_are_sent(server, monkeypatch):
     monkeypatch.setenv("DPHIL_TEST_KEY", KEY)
-    s = ModelSpec(name="p", model="openai/sampling", api_base=server.url,
-                  api_key_env="DPHIL_TEST_KEY", params={"temperature": 0.25, "max_tokens": 77})
+    s = ModelSpec(
+        name="p",
+        model="openai/sampling",
+        api_base=server.url,
+        api_key_env="DPHIL_TEST_KEY",
+        params={"temperature": 0.25, "max_tokens": 77},
+    )
     complete(s)
     body = requests_for(server, s)[-1]["body"]
     assert body["temperature"] == 0.25 and body["max_tokens"] == 77
@@ -142,24 +152,20 @@ def test_a_hang_then_an_answer_succeeds(server, spec):
 def test_api_key_never_appears_in_errors(server, monkeypatch):
     secret = "sk-live-SUPERSECRET-987654321"
     monkeypatch.setenv("DPHIL_SECRET_KEY", secret)
-    s = ModelSpec(name="leaky", model="openai/leaky", api_base=server.url,
-                  api_key_env="DPHIL_SECRET_KEY")
+    s = ModelSpec(name="leaky", model="openai/leaky", api_base=server.url, api_key_env="DPHIL_SECRET_KEY")
     # A server that echoes the key back in its error, as some providers do.
     server.script("leaky", status(401))
     with pytest.raises(LLMCallError) as info:
         complete(s)
     assert secret not in str(info.value)
-    assert redact(f"Incorrect API key provided: {secret}") == \
-        f"Incorrect API key provided: {REDACTED}"
+    assert redact(f"Incorrect API key provided: {secret}") == f"Incorrect API key provided: {REDACTED}"
     assert redact("Authorization: Bearer abcdefghijklmnop") == f"Authorization: Bearer {REDACTED}"
-    assert redact("GET /v1?key=AIzaSyA-1234567890abcdefghijkl&alt=sse") == \
-        f"GET /v1?key={REDACTED}&alt=sse"
+    assert redact("GET /v1?key=AIzaSyA-1234567890abcdefghijkl&alt=sse") == f"GET /v1?key={REDACTED}&alt=sse"
 
 
 def test_missing_key_fails_at_once(server, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    s = ModelSpec(name="nokey", model="openai/nokey", api_base=server.url,
-                  api_key_env="DPHIL_UNSET_KEY")
+    s = ModelSpec(name="nokey", model="openai/nokey", api_base=server.url, api_key_env="DPHIL_UNSET_KEY")
     with pytest.raises(LLMCallError, match="failed on 1 attempt"):
         complete(s)
 
@@ -190,6 +196,7 @@ def test_concurrency_bounds_calls_in_flight(monkeypatch):
 def test_rpm_limiter_spaces_calls(monkeypatch):
     RateLimiter.WINDOW = 0.5  # a half-second "minute" keeps the test quick
     try:
+
         async def go():
             limiter = RateLimiter(rpm=2, tpm=None)
             stamps = []
@@ -209,6 +216,7 @@ def test_rpm_limiter_spaces_calls(monkeypatch):
 def test_tpm_limiter_counts_reported_tokens():
     RateLimiter.WINDOW = 0.4
     try:
+
         async def go():
             limiter = RateLimiter(rpm=None, tpm=100)
             entry = await limiter.acquire(10)
@@ -239,8 +247,7 @@ def test_backoff_and_retry_after_parsing():
 
 def test_cost_of_a_priced_model_comes_from_litellm(server, monkeypatch):
     monkeypatch.setenv("DPHIL_TEST_KEY", KEY)
-    s = ModelSpec(name="mini", model="openai/gpt-4o-mini", api_base=server.url,
-                  api_key_env="DPHIL_TEST_KEY")
+    s = ModelSpec(name="mini", model="openai/gpt-4o-mini", api_base=server.url, api_key_env="DPHIL_TEST_KEY")
     server.script("gpt-4o-mini", Reply(text="ACTION: think", usage=(1000, 1000)))
     c = complete(s)
     # gpt-4o-mini in litellm's bundled price map: $0.15 / 1M input, $0.60 / 1M output.
@@ -257,8 +264,7 @@ OOM = {"error": {"message": "CUDA out of memory. Tried to allocate 2.00 GiB", "t
 def test_the_servers_message_reaches_the_reason_for_4xx_and_5xx(server, monkeypatch, provider):
     monkeypatch.setenv("DPHIL_TEST_KEY", KEY)
     name = f"reasons-{provider}"
-    s = ModelSpec(name=name, model=f"{provider}/{name}", api_base=server.url,
-                  api_key_env="DPHIL_TEST_KEY")
+    s = ModelSpec(name=name, model=f"{provider}/{name}", api_base=server.url, api_key_env="DPHIL_TEST_KEY")
     server.script(name, status(400, body=PINNED), status(500, body=OOM), status(500, body=OOM))
     with pytest.raises(LLMCallError) as info:
         complete(s, Limits(retries=1, backoff=0.01, backoff_max=0.01))

@@ -29,13 +29,14 @@ def server():
 
 def bench_messages() -> list[dict]:
     prompt = builtin_prompt()
-    return [{"role": "system", "content": prompt.system("paper", 5, 0)},
-            {"role": "user", "content": observation_text(Table(5, 5).observe(0))}]
+    return [
+        {"role": "system", "content": prompt.system("paper", 5, 0)},
+        {"role": "user", "content": observation_text(Table(5, 5).observe(0))},
+    ]
 
 
 def spec_for(server: OpenAIServer, provider: str, name: str) -> ModelSpec:
-    return ModelSpec(name=name, model=f"{provider}/{name}", api_base=server.url,
-                     api_key_env="DPHIL_SPEED_KEY")
+    return ModelSpec(name=name, model=f"{provider}/{name}", api_base=server.url, api_key_env="DPHIL_SPEED_KEY")
 
 
 def bodies(server: OpenAIServer, model: str) -> list[dict]:
@@ -49,8 +50,7 @@ def test_gateway_sends_what_a_bare_client_sends(server, monkeypatch, provider):
     mine, bare = f"speed-{provider}", f"bare-{provider}"
 
     async def go():
-        await Gateway(Limits(concurrency=2)).complete(
-            spec_for(server, provider, mine), msgs, tools=tools)
+        await Gateway(Limits(concurrency=2)).complete(spec_for(server, provider, mine), msgs, tools=tools)
         client = openai.AsyncOpenAI(base_url=server.url, api_key=KEY, max_retries=0)
         await client.chat.completions.create(model=bare, messages=msgs, tools=tools)
         await client.close()
@@ -69,8 +69,7 @@ def test_both_paths_account_for_every_turn(server, monkeypatch, provider):
     name = f"acct-{provider}"
     server.script(name, status(503), Reply(tools=(("eat", "{}"),), usage=(321, 7)))
     gateway = Gateway(Limits(concurrency=2, retries=2, backoff=0.01, backoff_max=0.02))
-    c = asyncio.run(gateway.complete(spec_for(server, provider, name), bench_messages(),
-                                     tools=tool_specs("paper")))
+    c = asyncio.run(gateway.complete(spec_for(server, provider, name), bench_messages(), tools=tool_specs("paper")))
     assert [t["function"]["name"] for t in c.tool_calls] == ["eat"]
     assert (c.prompt_tokens, c.completion_tokens, c.retries, c.cost) == (321, 7, 1, 0.0)
     assert c.latency_s > 0
@@ -86,8 +85,9 @@ def test_a_failure_masks_every_secret_in_the_environment(server, monkeypatch, pr
     name = f"fail-zz9f8e7d6c5b4a-{provider}"
     server.script(name, status(400))
     with pytest.raises(LLMCallError) as info:
-        asyncio.run(Gateway(Limits(retries=0)).complete(
-            spec_for(server, provider, name), [{"role": "user", "content": "hi"}]))
+        asyncio.run(
+            Gateway(Limits(retries=0)).complete(spec_for(server, provider, name), [{"role": "user", "content": "hi"}])
+        )
     reason = info.value.reason
     assert "zz9f8e7d6c5b4a" not in reason and KEY not in reason
     # The reason names the server it could not get an answer from.
@@ -97,11 +97,11 @@ def test_a_failure_masks_every_secret_in_the_environment(server, monkeypatch, pr
 def test_priced_model_cost_is_litellms(server, monkeypatch):
     monkeypatch.setenv("DPHIL_SPEED_KEY", KEY)
     server.script("gpt-4o-mini", tool("think"))
-    spec = ModelSpec(name="mini", model="openai/gpt-4o-mini", api_base=server.url,
-                     api_key_env="DPHIL_SPEED_KEY")
+    spec = ModelSpec(name="mini", model="openai/gpt-4o-mini", api_base=server.url, api_key_env="DPHIL_SPEED_KEY")
     c = asyncio.run(Gateway().complete(spec, bench_messages(), tools=tool_specs("paper")))
     import litellm
 
     prompt, completion = litellm.cost_per_token(
-        model="gpt-4o-mini", prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens)
+        model="gpt-4o-mini", prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens
+    )
     assert c.cost == pytest.approx(prompt + completion, rel=1e-9) and c.cost > 0

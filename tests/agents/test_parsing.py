@@ -93,8 +93,7 @@ def test_actions_of_the_other_protocol_are_not_accepted():
 def test_every_action_round_trips_in_every_format(protocol, data):
     action = data.draw(st.sampled_from(protocol_actions(protocol)))
     assert normalise_action(action.upper().replace("-", "_"), protocol) == action
-    for text in (f"ACTION: {action}", f'{{"action": "{action}"}}', action,
-                 f"<think>ACTION: nothing</think>{action}"):
+    for text in (f"ACTION: {action}", f'{{"action": "{action}"}}', action, f"<think>ACTION: nothing</think>{action}"):
         assert parse_reply(text, None, protocol).action == action
     assert parse_reply(None, [call(action)], protocol).action == action
 

@@ -34,8 +34,9 @@ def env(tmp_path):
 
 def registry(tmp_path, server, name="local"):
     path = tmp_path / "models.toml"
-    path.write_text(f'[models.{name}]\nmodel = "openai/{name}"\napi_base = "{server.url}"\n'
-                    f'api_key_env = "DPHIL_CLI_KEY"\n')
+    path.write_text(
+        f'[models.{name}]\nmodel = "openai/{name}"\napi_base = "{server.url}"\napi_key_env = "DPHIL_CLI_KEY"\n'
+    )
     return str(path)
 
 
@@ -45,8 +46,25 @@ def lines(path):
 
 def test_grid_of_models_and_sizes_with_variant_in_the_id(tmp_path, server, env):
     models = registry(tmp_path, server)
-    p = run(["dphil-rollout", "-m", "local", "-m", "scripted:hierarchy", "-n", "3,4",
-             "--episodes", "2", "--rounds", "2", "--models", models, "-q"], env=env)
+    p = run(
+        [
+            "dphil-rollout",
+            "-m",
+            "local",
+            "-m",
+            "scripted:hierarchy",
+            "-n",
+            "3,4",
+            "--episodes",
+            "2",
+            "--rounds",
+            "2",
+            "--models",
+            models,
+            "-q",
+        ],
+        env=env,
+    )
     assert p.returncode == 0, p.stderr
     records = [json.loads(x) for x in p.stdout.decode().splitlines()]
     assert len(records) == 8
@@ -56,8 +74,25 @@ def test_grid_of_models_and_sizes_with_variant_in_the_id(tmp_path, server, env):
         assert r["status"] == "complete" and r["prompt"] == "default" and r["memory"] == "full"
         assert r["usage"]["calls"] == r["n"] * r["rounds_played"]
         assert all("raw" in t and "usage" in t for t in r["turns"])
-    p2 = run(["dphil-rollout", "-m", "local", "-n", "3,4", "--episodes", "2", "--rounds", "2",
-              "--models", models, "--prompt", "minimal", "-q"], env=env)
+    p2 = run(
+        [
+            "dphil-rollout",
+            "-m",
+            "local",
+            "-n",
+            "3,4",
+            "--episodes",
+            "2",
+            "--rounds",
+            "2",
+            "--models",
+            models,
+            "--prompt",
+            "minimal",
+            "-q",
+        ],
+        env=env,
+    )
     ids2 = {json.loads(x)["episode_id"] for x in p2.stdout.decode().splitlines()}
     assert ids2.isdisjoint({r["episode_id"] for r in local})
     scored = run(["dphil-score", "--shaped"], input=p.stdout, env=env)
@@ -68,8 +103,25 @@ def test_errored_episodes_exit_75_and_resume_retries_only_them(tmp_path, server,
     models = registry(tmp_path, server)
     out = tmp_path / "out.jsonl"
     server.script("local", status(500))  # the very first call fails: one episode errors
-    args = ["dphil-rollout", "-m", "local", "-n", "2", "--episodes", "3", "--rounds", "1",
-            "--models", models, "--retries", "0", "--concurrency", "1", "-o", str(out)]
+    args = [
+        "dphil-rollout",
+        "-m",
+        "local",
+        "-n",
+        "2",
+        "--episodes",
+        "3",
+        "--rounds",
+        "1",
+        "--models",
+        models,
+        "--retries",
+        "0",
+        "--concurrency",
+        "1",
+        "-o",
+        str(out),
+    ]
     p = run(args, env=env)
     assert p.returncode == 75, p.stderr
     assert b"1 episode(s) ended in error" in p.stderr
@@ -92,8 +144,23 @@ def test_sigterm_leaves_whole_lines_and_resume_completes_the_grid(tmp_path, env)
     with OpenAIServer() as server:
         models = registry(tmp_path, server)
         out = tmp_path / "out.jsonl"
-        args = [command_path("dphil-rollout"), "-m", "local", "-n", "2", "--episodes", "12",
-                "--rounds", "2", "--models", models, "--concurrency", "2", "-o", str(out)]
+        args = [
+            command_path("dphil-rollout"),
+            "-m",
+            "local",
+            "-n",
+            "2",
+            "--episodes",
+            "12",
+            "--rounds",
+            "2",
+            "--models",
+            models,
+            "--concurrency",
+            "2",
+            "-o",
+            str(out),
+        ]
         # Answer the calls of a few episodes, then hold the rest: the run is stopped mid-grid
         # whatever the machine's speed.
         server.hold_after(12)
@@ -115,8 +182,7 @@ def test_sigterm_leaves_whole_lines_and_resume_completes_the_grid(tmp_path, env)
 
 def test_shards_partition_the_grid_with_the_same_ids(tmp_path, server, env):
     models = registry(tmp_path, server)
-    base = ["dphil-rollout", "-m", "local", "-n", "2,3", "--episodes", "3", "--rounds", "1",
-            "--models", models, "-q"]
+    base = ["dphil-rollout", "-m", "local", "-n", "2,3", "--episodes", "3", "--rounds", "1", "--models", models, "-q"]
 
     def ids(extra):
         p = run([*base, *extra], env=env)
@@ -132,8 +198,24 @@ def test_shards_partition_the_grid_with_the_same_ids(tmp_path, server, env):
 def test_api_key_never_reaches_records_or_messages(tmp_path, server, env):
     models = registry(tmp_path, server)
     server.script("local", status(401))
-    p = run(["dphil-rollout", "-m", "local", "-n", "2", "--episodes", "1", "--rounds", "1",
-             "--models", models, "--retries", "0"], env=env)
+    p = run(
+        [
+            "dphil-rollout",
+            "-m",
+            "local",
+            "-n",
+            "2",
+            "--episodes",
+            "1",
+            "--rounds",
+            "1",
+            "--models",
+            models,
+            "--retries",
+            "0",
+        ],
+        env=env,
+    )
     assert p.returncode == 75
     assert KEY.encode() not in p.stdout and KEY.encode() not in p.stderr
     assert json.loads(p.stdout)["status"] == "error"
@@ -143,19 +225,41 @@ def test_api_key_never_reaches_records_or_messages(tmp_path, server, env):
 def test_max_errors_aborts(tmp_path, server, env):
     models = registry(tmp_path, server)
     server.default = lambda body: status(503)
-    p = run(["dphil-rollout", "-m", "local", "-n", "2", "--episodes", "10", "--rounds", "1",
-             "--models", models, "--retries", "0", "--concurrency", "1", "--max-errors", "2"],
-            env=env)
+    p = run(
+        [
+            "dphil-rollout",
+            "-m",
+            "local",
+            "-n",
+            "2",
+            "--episodes",
+            "10",
+            "--rounds",
+            "1",
+            "--models",
+            models,
+            "--retries",
+            "0",
+            "--concurrency",
+            "1",
+            "--max-errors",
+            "2",
+        ],
+        env=env,
+    )
     assert p.returncode == 69
     assert b"--max-errors 2" in p.stderr
     assert len(p.stdout.splitlines()) == 2
 
 
-@pytest.mark.parametrize(("extra", "code", "message"), [
-    (["-m", "no-such-alias"], 78, b"unknown model 'no-such-alias'"),
-    (["-m", "gpt-5.4", "--memory", "some"], 64, b"--memory"),
-    (["-m", "gpt-5.4", "--prompt-file", "/nonexistent/p.txt"], 66, b"no such prompt file"),
-])
+@pytest.mark.parametrize(
+    ("extra", "code", "message"),
+    [
+        (["-m", "no-such-alias"], 78, b"unknown model 'no-such-alias'"),
+        (["-m", "gpt-5.4", "--memory", "some"], 64, b"--memory"),
+        (["-m", "gpt-5.4", "--prompt-file", "/nonexistent/p.txt"], 66, b"no such prompt file"),
+    ],
+)
 def test_option_errors(extra, code, message, env):
     p = run(["dphil-rollout", "-n", "2", "--episodes", "1", *extra], env=env)
     assert p.returncode == code, p.stderr
@@ -163,10 +267,12 @@ def test_option_errors(extra, code, message, env):
 
 
 def test_scripted_runs_do_not_import_litellm(env):
-    code = ("import sys\nfrom dphil.commands.rollout import main\n"
-            "rc = main(['-m', 'scripted:naive', '-n', '3', '--episodes', '1', '-q'], "
-            "standalone_mode=False)\n"
-            "assert rc == 0, rc\nassert 'litellm' not in sys.modules, 'litellm imported'\n")
+    code = (
+        "import sys\nfrom dphil.commands.rollout import main\n"
+        "rc = main(['-m', 'scripted:naive', '-n', '3', '--episodes', '1', '-q'], "
+        "standalone_mode=False)\n"
+        "assert rc == 0, rc\nassert 'litellm' not in sys.modules, 'litellm imported'\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True)
     assert p.returncode == 0, p.stderr
     assert len(p.stdout.splitlines()) == 1
@@ -175,8 +281,24 @@ def test_scripted_runs_do_not_import_litellm(env):
 def test_the_servers_reason_reaches_the_record_and_stderr(tmp_path, server, env):
     models = registry(tmp_path, server)
     server.script("local", status(400, body={"detail": "Server is pinned to '/models/x'; requested 'x'"}))
-    p = run(["dphil-rollout", "-m", "local", "-n", "2", "--episodes", "1", "--rounds", "1",
-             "--models", models, "--concurrency", "1"], env=env)
+    p = run(
+        [
+            "dphil-rollout",
+            "-m",
+            "local",
+            "-n",
+            "2",
+            "--episodes",
+            "1",
+            "--rounds",
+            "1",
+            "--models",
+            models,
+            "--concurrency",
+            "1",
+        ],
+        env=env,
+    )
     assert p.returncode == 75, p.stderr
     said = "Server is pinned to '/models/x'; requested 'x'"
     record = json.loads(p.stdout)
@@ -204,8 +326,13 @@ def _peak_rss_mb(args, env, tmp_path):
     """Run a command and return (exit code, stdout, stderr, its own peak RSS in MiB)."""
     peak_file = tmp_path / "peak_rss_kb"
     with open(tmp_path / "stderr", "w+b") as err:
-        proc = subprocess.run([sys.executable, "-c", _MEASURE, str(peak_file), *args], env=env,
-                              stdout=subprocess.PIPE, stderr=err, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-c", _MEASURE, str(peak_file), *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            timeout=600,
+        )
         err.seek(0)
         return proc.returncode, proc.stdout, err.read(), int(peak_file.read_text()) / 1024
 
@@ -214,8 +341,26 @@ def test_a_200_mb_reply_is_an_error_and_memory_stays_bounded(tmp_path, server, e
     models = registry(tmp_path, server)
     server.script("local", *[big(200_000_000)] * 4)  # two seats, each tried twice
     code, out, err, peak = _peak_rss_mb(
-        [command_path("dphil-rollout"), "-m", "local", "-n", "2", "--episodes", "1", "--rounds",
-         "1", "--models", models, "--retries", "1", "--concurrency", "2"], env, tmp_path)
+        [
+            command_path("dphil-rollout"),
+            "-m",
+            "local",
+            "-n",
+            "2",
+            "--episodes",
+            "1",
+            "--rounds",
+            "1",
+            "--models",
+            models,
+            "--retries",
+            "1",
+            "--concurrency",
+            "2",
+        ],
+        env,
+        tmp_path,
+    )
     assert code == 75, err
     record = json.loads(out)
     assert record["status"] == "error" and record["turns"] == []
@@ -236,8 +381,25 @@ def test_raw_replies_are_capped_in_records_with_a_flag(tmp_path, server, env):
     models = registry(tmp_path, server)
     long_reply = "x" * 100_000 + "\nACTION: think"
     server.script("local", text(long_reply, reasoning="r" * 70_000))
-    p = run(["dphil-rollout", "-m", "local", "-n", "2", "--episodes", "1", "--rounds", "1",
-             "--models", models, "--concurrency", "1", "-q"], env=env)
+    p = run(
+        [
+            "dphil-rollout",
+            "-m",
+            "local",
+            "-n",
+            "2",
+            "--episodes",
+            "1",
+            "--rounds",
+            "1",
+            "--models",
+            models,
+            "--concurrency",
+            "1",
+            "-q",
+        ],
+        env=env,
+    )
     assert p.returncode == 0, p.stderr
     record = json.loads(p.stdout)
     assert not list(validator("episode.schema.json").iter_errors(record))

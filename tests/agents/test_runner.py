@@ -33,8 +33,7 @@ def key(monkeypatch):
 
 
 def make_spec(server, name="m", **kw):
-    return ModelSpec(name=name, model=f"openai/{name}", api_base=server.url,
-                     api_key_env="DPHIL_TEST_KEY", **kw)
+    return ModelSpec(name=name, model=f"openai/{name}", api_base=server.url, api_key_env="DPHIL_TEST_KEY", **kw)
 
 
 def seat_of(body):
@@ -45,12 +44,12 @@ def last_user(body):
     return [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
 
 
-def play(server, n=3, rounds=3, schedule="simultaneous", settings=None, spec=None, seed=0,
-         limits=FAST):
+def play(server, n=3, rounds=3, schedule="simultaneous", settings=None, spec=None, seed=0, limits=FAST):
     spec = spec or make_spec(server)
     settings = settings or AgentSettings(builtin_prompt())
-    config = EpisodeConfig(spec.name, n, rounds=rounds, seed=seed, schedule=schedule,
-                           variant=model_variant(spec, settings))
+    config = EpisodeConfig(
+        spec.name, n, rounds=rounds, seed=seed, schedule=schedule, variant=model_variant(spec, settings)
+    )
 
     async def go():
         return await play_episode(config, spec, settings, Gateway(limits))
@@ -141,8 +140,7 @@ def test_several_tool_calls_first_counts_rest_ignored_and_answered():
     assert first["tool_call"] == {"name": "think", "arguments": "{oops"}
     assert first["ignored_tool_calls"] == [{"name": "eat", "arguments": "{oops"}]
     tool_msgs = [m for m in later[0]["messages"] if m["role"] == "tool"]
-    assert [m["content"] for m in tool_msgs] == [
-        "done", "ignored: only the first tool call of a round counts"]
+    assert [m["content"] for m in tool_msgs] == ["done", "ignored: only the first tool call of a round counts"]
     assert [m["tool_call_id"] for m in tool_msgs] == ["call_0", "call_1"]
 
 
@@ -173,8 +171,7 @@ def test_unparseable_reply_is_a_null_action_with_the_raw_reply_kept():
     replay(record)
 
 
-@pytest.mark.parametrize(("memory", "expected"), [("full", [2, 5, 8]), ("window:1", [2, 5, 5]),
-                                                  ("none", [2, 2, 2])])
+@pytest.mark.parametrize(("memory", "expected"), [("full", [2, 5, 8]), ("window:1", [2, 5, 5]), ("none", [2, 2, 2])])
 def test_memory_controls_how_much_history_is_sent(memory, expected):
     with OpenAIServer(default=lambda body: tool("think")) as server:
         settings = AgentSettings(builtin_prompt(), memory=memory)
@@ -190,10 +187,10 @@ def test_talk_messages_arrive_in_written_order_and_never_stale():
         ask = last_user(body)
         m = re.search(r"message (\d) of 2", ask)
         if m:
-            rnd = re.search(r"Round (\d)", " ".join(x["content"] or "" for x in body["messages"]
-                                                      if x["role"] == "user")).group(1)
-            rounds_seen = len([x for x in body["messages"] if x["role"] == "user"
-                               and x["content"].startswith("Round")])
+            rnd = re.search(
+                r"Round (\d)", " ".join(x["content"] or "" for x in body["messages"] if x["role"] == "user")
+            ).group(1)
+            rounds_seen = len([x for x in body["messages"] if x["role"] == "user" and x["content"].startswith("Round")])
             return text(f"p{seat} r{rounds_seen} m{m.group(1)} {rnd}")
         return tool("think")
 
@@ -201,13 +198,14 @@ def test_talk_messages_arrive_in_written_order_and_never_stale():
     with OpenAIServer(default=policy) as server:
         record = play(server, n=3, rounds=2, settings=settings)
         bodies = [r["body"] for r in server.requests]
-    action_asks = [last_user(b) for b in bodies if seat_of(b) == 1
-                   and "Choose your action" in last_user(b)]
+    action_asks = [last_user(b) for b in bodies if seat_of(b) == 1 and "Choose your action" in last_user(b)]
     assert len(action_asks) == 2
     # Round 2's action prompt: only round 2's messages, step 2 after step 1 for each sender.
     lines = [x for x in action_asks[1].splitlines() if x.startswith("- philosopher")]
-    assert lines == ['- philosopher 0 (left neighbour): "p0 r1 m2 2"',
-                     '- philosopher 2 (right neighbour): "p2 r1 m2 2"']
+    assert lines == [
+        '- philosopher 0 (left neighbour): "p0 r1 m2 2"',
+        '- philosopher 2 (right neighbour): "p2 r1 m2 2"',
+    ]
     step2 = [last_user(b) for b in bodies if seat_of(b) == 1 and "message 2 of 2" in last_user(b)]
     assert '"p0 r1 m1 1"' in step2[0] and '"p2 r1 m1 1"' in step2[0]
     step1 = [last_user(b) for b in bodies if seat_of(b) == 1 and "message 1 of 2" in last_user(b)]
@@ -226,8 +224,11 @@ def test_sequential_talk_lets_later_seats_read_earlier_messages_of_the_same_step
     settings = AgentSettings(builtin_prompt(), talk=1)
     with OpenAIServer(default=policy) as server:
         play(server, n=3, rounds=1, schedule="sequential", settings=settings)
-        talks = {seat_of(r["body"]): last_user(r["body"]) for r in server.requests
-                 if "message 1 of 1" in last_user(r["body"])}
+        talks = {
+            seat_of(r["body"]): last_user(r["body"])
+            for r in server.requests
+            if "message 1 of 1" in last_user(r["body"])
+        }
     assert "hello from" not in talks[0]
     assert '"hello from 0"' in talks[1]
     assert '"hello from 0"' in talks[2] and '"hello from 1"' in talks[2]
@@ -235,8 +236,7 @@ def test_sequential_talk_lets_later_seats_read_earlier_messages_of_the_same_step
 
 def grid(spec, settings, count, n=2, rounds=2):
     variant = model_variant(spec, settings)
-    return [EpisodeConfig(spec.name, n, rounds=rounds, seed=k, variant=variant)
-            for k in range(count)]
+    return [EpisodeConfig(spec.name, n, rounds=rounds, seed=k, variant=variant) for k in range(count)]
 
 
 def test_run_bounds_concurrency_across_episodes_and_skips_done():
@@ -247,8 +247,15 @@ def test_run_bounds_concurrency_across_episodes_and_skips_done():
         done = {configs[0].episode_id, configs[5].episode_id}
         out: list[dict] = []
         server.hold_after(0)  # three calls held at once fill --concurrency 3; no fourth comes
-        running = pool.submit(run_models, configs, {spec.name: spec}, settings, out.append,
-                              limits=Limits(concurrency=3, timeout=30), done=done)
+        running = pool.submit(
+            run_models,
+            configs,
+            {spec.name: spec},
+            settings,
+            out.append,
+            limits=Limits(concurrency=3, timeout=30),
+            done=done,
+        )
         assert server.wait_arrived(3)
         assert not server.wait_arrived(4, timeout=0.5)  # not a timing: nothing may come at all
         server.release()
@@ -265,8 +272,14 @@ def test_max_errors_stops_a_failing_run():
         spec = make_spec(server)
         out: list[dict] = []
         with pytest.raises(TooManyErrors, match="--max-errors 2"):
-            run_models(grid(spec, settings, 20), {spec.name: spec}, settings, out.append,
-                       limits=Limits(concurrency=1, retries=0, backoff=0.01), max_errors=2)
+            run_models(
+                grid(spec, settings, 20),
+                {spec.name: spec},
+                settings,
+                out.append,
+                limits=Limits(concurrency=1, retries=0, backoff=0.01),
+                max_errors=2,
+            )
     assert len(out) == 2 and all(r["status"] == "error" for r in out)
 
 
@@ -274,14 +287,20 @@ def test_cost_limit_stops_starting_new_episodes():
     settings = AgentSettings(builtin_prompt())
     priced = Reply(tools=(("think", "{}"),), usage=(100_000, 0))  # $0.015 per call at 4o-mini
     with OpenAIServer(default=lambda body: priced) as server:
-        spec = ModelSpec(name="gpt-4o-mini", model="openai/gpt-4o-mini", api_base=server.url,
-                         api_key_env="DPHIL_TEST_KEY")
+        spec = ModelSpec(
+            name="gpt-4o-mini", model="openai/gpt-4o-mini", api_base=server.url, api_key_env="DPHIL_TEST_KEY"
+        )
         out: list[dict] = []
 
         async def go():
             return await run_models_async(
-                grid(spec, settings, 10, n=2, rounds=1), {spec.name: spec}, settings,
-                out.append, gateway=Gateway(Limits(concurrency=1)), cost_limit=0.05)
+                grid(spec, settings, 10, n=2, rounds=1),
+                {spec.name: spec},
+                settings,
+                out.append,
+                gateway=Gateway(Limits(concurrency=1)),
+                cost_limit=0.05,
+            )
 
         stats = asyncio.run(go())
     # Each episode costs 2 x $0.015 = $0.03: the second one crosses $0.05, then none start.

@@ -31,32 +31,37 @@ ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "schemas" / "checkpoint.schema.json"
 # The published shape: training reward rising to step 9 of 16 (steps 0..15), then falling.
 STUDY_H = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 8, 7, 6, 5, 4, 3]
-STUDY_TRAIN = [0.20, 0.28, 0.35, 0.41, 0.47, 0.52, 0.58, 0.63, 0.69, 0.74,
-               0.70, 0.66, 0.61, 0.57, 0.52, 0.48]
+STUDY_TRAIN = [0.20, 0.28, 0.35, 0.41, 0.47, 0.52, 0.58, 0.63, 0.69, 0.74, 0.70, 0.66, 0.61, 0.57, 0.52, 0.48]
 SEEDS = list(range(1000, 1010))
 
 
 # -- helpers ---------------------------------------------------------------------------
 
-def episode(policy: str, seed: int, step: int, *, run: str | None = "r1",
-            spec: RewardSpec | None = None, scored: bool = True) -> dict:
+
+def episode(
+    policy: str, seed: int, step: int, *, run: str | None = "r1", spec: RewardSpec | None = None, scored: bool = True
+) -> dict:
     """One real episode at N=5, R=5, tagged with its checkpoint, scored by the real reward."""
     variant = {"checkpoint_step": step, **({"run": run} if run is not None else {})}
     config = EpisodeConfig(model=f"scripted:{policy}", n=5, rounds=5, seed=seed, variant=variant)
     rec = play(config, get_policy(policy))
     if scored:
         reward, metrics = score(
-            spec or RewardSpec("shaped"), protocol=rec["protocol"], n=rec["n"],
+            spec or RewardSpec("shaped"),
+            protocol=rec["protocol"],
+            n=rec["n"],
             rounds=rec["rounds"],
-            meals=rec["meals"], deadlock=rec["deadlock"], deadlock_round=rec["deadlock_round"],
-            rounds_played=rec["rounds_played"], turns=rec["turns"],
+            meals=rec["meals"],
+            deadlock=rec["deadlock"],
+            deadlock_round=rec["deadlock_round"],
+            rounds_played=rec["rounds_played"],
+            turns=rec["turns"],
         )
         rec["reward"], rec["metrics"] = reward, metrics
     return rec
 
 
-def val_curve(h: list[int], *, run: str | None = "r1", seeds: list[int] = SEEDS,
-              **kw) -> list[dict]:
+def val_curve(h: list[int], *, run: str | None = "r1", seeds: list[int] = SEEDS, **kw) -> list[dict]:
     """Validation episodes for steps 0..len(h)-1: h[s] hierarchy episodes, the rest naive."""
     out = []
     for step, good in enumerate(h):
@@ -65,8 +70,7 @@ def val_curve(h: list[int], *, run: str | None = "r1", seeds: list[int] = SEEDS,
     return out
 
 
-def ckpt(step: int, train: float | None = None, *, run: str | None = "r1", path: str | None = None,
-         **extra) -> dict:
+def ckpt(step: int, train: float | None = None, *, run: str | None = "r1", path: str | None = None, **extra) -> dict:
     rec = {"kind": "checkpoint", "step": step}
     if run is not None:
         rec["run"] = run
@@ -101,8 +105,7 @@ def run_cli(*args: str, stdin: str | None = None, cwd: Path | None = None, pre: 
         argv = [sys.executable, "-c", pre + "from dphil.commands.ckpt_select import main; main()"]
     else:
         argv = [command_path("dphil-ckpt-select")]
-    return subprocess.run([*argv, *args], input=stdin, capture_output=True, text=True, cwd=cwd,
-                          timeout=120)
+    return subprocess.run([*argv, *args], input=stdin, capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
 def out_records(proc) -> list[dict]:
@@ -121,6 +124,7 @@ def study_val() -> list[dict]:
 
 
 # -- the study's shape under each rule ----------------------------------------------------
+
 
 def test_study_shape_by_train_picks_the_peak_not_the_last_step():
     sel = select(read_inputs(items(study_ckpts())), by="train")
@@ -189,8 +193,7 @@ def test_one_se_on_validation_episodes_matches_an_independent_computation():
     eps = val_curve(h)
     recs = [ckpt(s, None) for s in range(len(h))]
     sel = select(read_inputs(items(recs + eps)), by="val", rule="one-se")
-    per_step = {s: [e["reward"]["total"] for e in eps if e["checkpoint_step"] == s]
-                for s in range(len(h))}
+    per_step = {s: [e["reward"]["total"] for e in eps if e["checkpoint_step"] == s] for s in range(len(h))}
     means = {s: statistics.fmean(v) for s, v in per_step.items()}
     best = max(means, key=lambda s: (means[s], -s))
     se = statistics.stdev(per_step[best]) / math.sqrt(len(per_step[best]))
@@ -221,12 +224,10 @@ def test_deadlock_rate_is_minimised_and_meals_maximised():
     recs = [ckpt(s, None) for s in range(len(h))]
     dl = select(read_inputs(items(recs + eps)), metric="deadlock_rate").chosen[0]
     assert dl["step"] == 3 and dl["selection"]["goal"] == "min"
-    rates = {s: statistics.fmean(float(e["deadlock"]) for e in eps if e["checkpoint_step"] == s)
-             for s in range(len(h))}
+    rates = {s: statistics.fmean(float(e["deadlock"]) for e in eps if e["checkpoint_step"] == s) for s in range(len(h))}
     assert dl["selection"]["score"] == min(rates.values()) == rates[3]
     meals = select(read_inputs(items(recs + eps)), metric="meals").chosen[0]
-    totals = {s: statistics.fmean(sum(e["meals"]) for e in eps if e["checkpoint_step"] == s)
-              for s in range(len(h))}
+    totals = {s: statistics.fmean(sum(e["meals"]) for e in eps if e["checkpoint_step"] == s) for s in range(len(h))}
     assert meals["step"] == max(totals, key=lambda s: (totals[s], -s))
     thr = select(read_inputs(items(recs + eps)), metric="throughput").chosen[0]
     assert thr["selection"]["metric"] == "throughput" and thr["selection"]["goal"] == "max"
@@ -242,6 +243,7 @@ def test_meals_and_deadlock_work_on_unscored_episodes_but_reward_does_not():
 
 # -- ties and gaps ------------------------------------------------------------------------
 
+
 def test_ties_go_to_the_earlier_step_including_float_noise():
     recs = [ckpt(0, 0.1), ckpt(1, 0.3), ckpt(2, 0.1 + 0.2), ckpt(3, 0.3), ckpt(4, 0.2)]
     sel = select(read_inputs(items(list(reversed(recs)))), by="train", top=4)
@@ -254,8 +256,11 @@ def test_missing_steps_and_missing_validation():
     # Checkpoints saved every other step, validation run for only some of them.
     recs = [ckpt(s, 0.1 * s) for s in (0, 2, 4, 6, 8, 10)]
     h = {2: 4, 4: 9, 8: 6}
-    eps = [episode("hierarchy" if j < good else "naive", seed, step)
-           for step, good in h.items() for j, seed in enumerate(SEEDS)]
+    eps = [
+        episode("hierarchy" if j < good else "naive", seed, step)
+        for step, good in h.items()
+        for j, seed in enumerate(SEEDS)
+    ]
     sel = select(read_inputs(items(recs + eps)))
     s = sel.chosen[0]["selection"]
     assert sel.chosen[0]["step"] == 4 and s["by"] == "val"
@@ -284,6 +289,7 @@ def test_reselecting_an_output_replaces_its_selection():
 
 # -- runs ---------------------------------------------------------------------------------
 
+
 def test_runs_are_kept_apart_and_run_selects_within_one():
     a = [ckpt(s, r, run="paper") for s, r in enumerate(STUDY_TRAIN)]
     b = [ckpt(s, 0.05 * s, run="shaped") for s in range(16)]
@@ -308,8 +314,7 @@ def test_episode_without_run_is_ambiguous_between_runs():
 
 
 def test_validation_episodes_for_unknown_steps_are_named():
-    eps = [*val_curve([5, 5]), episode("naive", 1000, 17), episode("naive", 1001, 20),
-           episode("naive", 1002, 17)]
+    eps = [*val_curve([5, 5]), episode("naive", 1000, 17), episode("naive", 1001, 20), episode("naive", 1002, 17)]
     recs = [ckpt(0, 0.1), ckpt(1, 0.2)]
     with pytest.raises(DataError) as err:
         select(read_inputs(items(recs + eps, "val.jsonl")))
@@ -339,12 +344,28 @@ def test_error_and_training_episodes_are_counted_not_used():
 
 def test_records_as_dphil_train_writes_them():
     """Extra fields of every shape pass through; val_* summaries rank when no episodes are given."""
-    recs = [ckpt(s, r, path=f"/ckpt/{s:04d}", base_model="Qwen/Qwen3-14B", lora_rank=8,
-                 backend="peft", n=[5], train_seeds=[1, 2, 3], reward_weights={"alpha": 1.0},
-                 train_reward_std=0.1, train_episodes=6, val_reward=v, val_reward_std=0.2,
-                 val_episodes=10, val_n=[5], val_reward_by_n={"5": v},
-                 curriculum_state_before={"size": 5})
-            for s, (r, v) in enumerate(zip(STUDY_TRAIN, [0.1 * h for h in STUDY_H], strict=True))]
+    recs = [
+        ckpt(
+            s,
+            r,
+            path=f"/ckpt/{s:04d}",
+            base_model="Qwen/Qwen3-14B",
+            lora_rank=8,
+            backend="peft",
+            n=[5],
+            train_seeds=[1, 2, 3],
+            reward_weights={"alpha": 1.0},
+            train_reward_std=0.1,
+            train_episodes=6,
+            val_reward=v,
+            val_reward_std=0.2,
+            val_episodes=10,
+            val_n=[5],
+            val_reward_by_n={"5": v},
+            curriculum_state_before={"size": 5},
+        )
+        for s, (r, v) in enumerate(zip(STUDY_TRAIN, [0.1 * h for h in STUDY_H], strict=True))
+    ]
     sel = select(read_inputs(items(recs)))
     chosen = sel.chosen[0]
     assert chosen["step"] == 9 and chosen["selection"]["by"] == "val"
@@ -367,6 +388,7 @@ def test_read_checkpoints_for_the_rollout(tmp_path):
 
 
 # -- the command through real pipes --------------------------------------------------------
+
 
 def test_cli_pipe_mixed_inputs_in_any_order(tmp_path, study_val):
     adapters = tmp_path / "adapters"
@@ -392,12 +414,19 @@ def test_output_matches_the_schema(tmp_path, study_val):
     schema = json.loads(SCHEMA.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     validator = jsonschema.Draft202012Validator(schema)
-    ck = write_jsonl(tmp_path / "ck.jsonl", study_ckpts(base_model="Qwen/Qwen3-14B", lora_rank=8,
-                                                        backend="peft", n=5, train_episodes=6,
-                                                        train_reward_std=0.1))
+    ck = write_jsonl(
+        tmp_path / "ck.jsonl",
+        study_ckpts(
+            base_model="Qwen/Qwen3-14B", lora_rank=8, backend="peft", n=5, train_episodes=6, train_reward_std=0.1
+        ),
+    )
     val = write_jsonl(tmp_path / "val.jsonl", study_val)
-    for args in (["--by", "val", "--top", "3"], ["--by", "last"],
-                 ["--by", "train", "--smooth", "3"], ["--by", "train", "--rule", "one-se"]):
+    for args in (
+        ["--by", "val", "--top", "3"],
+        ["--by", "last"],
+        ["--by", "train", "--smooth", "3"],
+        ["--by", "train", "--rule", "one-se"],
+    ):
         proc = run_cli(str(ck), str(val), "--no-check-path", *args)
         assert proc.returncode == 0, proc.stderr
         for rec in out_records(proc):
@@ -423,8 +452,7 @@ def test_cli_adapter_directory_gone_exits_66(tmp_path):
 
 def test_cli_unknown_steps_exit_65(tmp_path):
     ck = write_jsonl(tmp_path / "ck.jsonl", [ckpt(0, 0.1), ckpt(1, 0.2)])
-    val = write_jsonl(tmp_path / "val.jsonl",
-                      [episode("naive", 1000, 0), episode("naive", 1000, 7)])
+    val = write_jsonl(tmp_path / "val.jsonl", [episode("naive", 1000, 0), episode("naive", 1000, 7)])
     proc = run_cli(str(ck), str(val))
     assert proc.returncode == 65
     assert "step 7" in proc.stderr and f"{val}:2" in proc.stderr
@@ -432,14 +460,16 @@ def test_cli_unknown_steps_exit_65(tmp_path):
 
 def test_cli_usage_errors_exit_64(tmp_path):
     ck = write_jsonl(tmp_path / "ck.jsonl", study_ckpts())
-    for args, words in ((["--by", "train", "--smooth", "2"], "odd"),
-                        (["--merge"], "--merge needs --export"),
-                        (["--by", "last", "--rule", "one-se"], "--by last takes the last step"),
-                        (["--run", "nope"], "no checkpoint records for run 'nope'"),
-                        (["--export", str(tmp_path / "x"), "--top", "2"], "--top 2"),
-                        (["--metric", "speed"], "speed"),
-                        (["--by", "train", "--base-model", "x"], "only applies with --merge"),
-                        (["--by", "train", "--plot", str(tmp_path / "c.txt")], "image file")):
+    for args, words in (
+        (["--by", "train", "--smooth", "2"], "odd"),
+        (["--merge"], "--merge needs --export"),
+        (["--by", "last", "--rule", "one-se"], "--by last takes the last step"),
+        (["--run", "nope"], "no checkpoint records for run 'nope'"),
+        (["--export", str(tmp_path / "x"), "--top", "2"], "--top 2"),
+        (["--metric", "speed"], "speed"),
+        (["--by", "train", "--base-model", "x"], "only applies with --merge"),
+        (["--by", "train", "--plot", str(tmp_path / "c.txt")], "image file"),
+    ):
         proc = run_cli(str(ck), *args)
         assert proc.returncode == 64, (args, proc.stderr)
         assert words in proc.stderr and proc.stdout == ""
@@ -447,8 +477,7 @@ def test_cli_usage_errors_exit_64(tmp_path):
 
 def test_cli_bad_input_and_missing_file(tmp_path):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps(ckpt(0, 0.1)) + "\n"
-                   + '{"kind": "checkpoint", "step": 1, "train_reward": "high"}\n')
+    bad.write_text(json.dumps(ckpt(0, 0.1)) + "\n" + '{"kind": "checkpoint", "step": 1, "train_reward": "high"}\n')
     proc = run_cli(str(bad), "--by", "train")
     assert proc.returncode == 65 and f"{bad}:2: field 'train_reward'" in proc.stderr
     proc = run_cli(str(tmp_path / "nope.jsonl"))
@@ -459,13 +488,16 @@ def test_cli_bad_input_and_missing_file(tmp_path):
 
 def test_plain_selection_imports_no_heavy_stack(tmp_path):
     ck = write_jsonl(tmp_path / "ck.jsonl", study_ckpts())
-    code = ("import sys\nfrom dphil.commands.ckpt_select import main\n"
-            "rc = main(sys.argv[1:], standalone_mode=False)\n"
-            "heavy = [m for m in ('torch', 'transformers', 'peft', 'litellm', 'art', 'matplotlib')"
-            " if m in sys.modules]\n"
-            "assert rc == 0 and not heavy, (rc, heavy)\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(ck), "--by", "train"],
-                          capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys\nfrom dphil.commands.ckpt_select import main\n"
+        "rc = main(sys.argv[1:], standalone_mode=False)\n"
+        "heavy = [m for m in ('torch', 'transformers', 'peft', 'litellm', 'art', 'matplotlib')"
+        " if m in sys.modules]\n"
+        "assert rc == 0 and not heavy, (rc, heavy)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(ck), "--by", "train"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -482,6 +514,7 @@ def test_output_file_is_written_atomically(tmp_path):
 
 # -- plot ---------------------------------------------------------------------------------
 
+
 def test_plot_writes_a_png(tmp_path, study_val):
     ck = write_jsonl(tmp_path / "ck.jsonl", study_ckpts())
     val = write_jsonl(tmp_path / "val.jsonl", study_val)
@@ -495,13 +528,13 @@ def test_plot_writes_a_png(tmp_path, study_val):
 
 def test_plot_without_matplotlib_exits_69(tmp_path):
     ck = write_jsonl(tmp_path / "ck.jsonl", study_ckpts())
-    proc = run_cli(str(ck), "--plot", str(tmp_path / "c.png"),
-                   pre="import sys; sys.modules['matplotlib'] = None; ")
+    proc = run_cli(str(ck), "--plot", str(tmp_path / "c.png"), pre="import sys; sys.modules['matplotlib'] = None; ")
     assert proc.returncode == 69
     assert "matplotlib" in proc.stderr and not (tmp_path / "c.png").exists()
 
 
 # -- export and merge on a tiny real model ----------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny_adapters(tmp_path_factory):
@@ -518,8 +551,9 @@ def tiny_adapters(tmp_path_factory):
     for step in (0, 1):
         torch.manual_seed(100 + step)
         model = AutoModelForCausalLM.from_pretrained(base)
-        cfg = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                         init_lora_weights=False, task_type="CAUSAL_LM")
+        cfg = LoraConfig(
+            r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False, task_type="CAUSAL_LM"
+        )
         peft_model = get_peft_model(model, cfg)
         out = root / "run" / f"{step:04d}"
         peft_model.save_pretrained(out)
@@ -528,8 +562,10 @@ def tiny_adapters(tmp_path_factory):
 
 
 def tiny_ckpts(base: Path, paths: list[Path], **extra) -> list[dict]:
-    return [ckpt(s, r, path=str(p), base_model=str(base), lora_rank=8, **extra)
-            for s, (r, p) in enumerate(zip([0.9, 0.4], paths, strict=True))]
+    return [
+        ckpt(s, r, path=str(p), base_model=str(base), lora_rank=8, **extra)
+        for s, (r, p) in enumerate(zip([0.9, 0.4], paths, strict=True))
+    ]
 
 
 def test_export_copies_the_chosen_adapter(tmp_path, tiny_adapters):
@@ -551,8 +587,10 @@ def test_export_copies_the_chosen_adapter(tmp_path, tiny_adapters):
 
 def test_export_refuses_an_adapter_that_disagrees_with_its_record(tmp_path, tiny_adapters):
     base, paths = tiny_adapters
-    for change, words in (({"lora_rank": 16}, "LoRA rank 8 but"),
-                          ({"base_model": "Qwen/Qwen3-14B"}, "says base model")):
+    for change, words in (
+        ({"lora_rank": 16}, "LoRA rank 8 but"),
+        ({"base_model": "Qwen/Qwen3-14B"}, "says base model"),
+    ):
         recs = [{**r, **change} for r in tiny_ckpts(base, paths)]
         ck = write_jsonl(tmp_path / "ck.jsonl", recs)
         dest = tmp_path / "never"
@@ -589,8 +627,7 @@ def test_merge_writes_a_model_equal_to_base_plus_adapter(tmp_path, tiny_adapters
     merged = AutoModelForCausalLM.from_pretrained(dest).eval()
     assert not any("lora" in k for k in merged.state_dict())
     plain = AutoModelForCausalLM.from_pretrained(base).eval()
-    with_adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base),
-                                             str(paths[0])).eval()
+    with_adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), str(paths[0])).eval()
     with torch.no_grad():
         got = merged(ids).logits
         want = with_adapter(ids).logits
@@ -603,13 +640,27 @@ def test_merge_checks_before_loading_anything(tmp_path, tiny_adapters):
     base, paths = tiny_adapters
     recs = [{**r, "lora_rank": 4} for r in tiny_ckpts(base, paths)]
     ck = write_jsonl(tmp_path / "ck.jsonl", recs)
-    proc = run_cli(str(ck), "--by", "train", "--export", str(tmp_path / "m"), "--merge",
-                   pre="import sys; sys.modules['torch'] = None; ")
+    proc = run_cli(
+        str(ck),
+        "--by",
+        "train",
+        "--export",
+        str(tmp_path / "m"),
+        "--merge",
+        pre="import sys; sys.modules['torch'] = None; ",
+    )
     assert proc.returncode == 65 and "LoRA rank 8 but" in proc.stderr
     ok = [r for r in tiny_ckpts(base, paths)]
     ck = write_jsonl(tmp_path / "ck.jsonl", ok)
-    proc = run_cli(str(ck), "--by", "train", "--export", str(tmp_path / "m"), "--merge",
-                   pre="import sys; sys.modules['torch'] = None; ")
+    proc = run_cli(
+        str(ck),
+        "--by",
+        "train",
+        "--export",
+        str(tmp_path / "m"),
+        "--merge",
+        pre="import sys; sys.modules['torch'] = None; ",
+    )
     assert proc.returncode == 69 and "pip install" in proc.stderr
     assert not (tmp_path / "m").exists()
 
@@ -620,6 +671,7 @@ def test_fixture_paths_are_real(tiny_adapters):
     assert cfg["r"] == 8 and os.path.isdir(paths[1])
     with pytest.raises(NoInputError):
         from dphil.checkpoints.export import adapter_dir
+
         adapter_dir({"step": 0, "path": str(paths[0] / "missing")})
 
 

@@ -38,8 +38,12 @@ def one_run(tmp_path: Path, name: str = "shaped-s0") -> Path:
 
 
 def select(ckpts: Path, *args: str) -> Path:
-    proc = subprocess.run([command_path("dphil-ckpt-select"), str(ckpts), "--no-check-path", *args],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [command_path("dphil-ckpt-select"), str(ckpts), "--no-check-path", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     out = ckpts.with_suffix(".best.jsonl")
     out.write_text(proc.stdout)
@@ -116,8 +120,7 @@ def test_the_selection_metric_is_the_one_drawn(tmp_path):
     chosen = json.loads(best.read_text())
     g = groups(svg)
     val = points(g["curve-val-0"])
-    val_steps = [r["step"] for r in map(json.loads, ckpts.read_text().splitlines())
-                 if "val_reward" in r]
+    val_steps = [r["step"] for r in map(json.loads, ckpts.read_text().splitlines()) if "val_reward" in r]
     cx, cy = ring_centre(g[f"chosen-{chosen['step']}"])
     assert (cx, cy) == pytest.approx(val[val_steps.index(chosen["step"])], abs=0.01)
     assert "deadlock_rate (lower is better)" in svg.decode()
@@ -177,8 +180,10 @@ def test_dphil_show_curve_skips_other_records_and_refuses_what_cannot_be_drawn(t
     assert p.returncode == 0, p.stderr
     assert f"{mixed}:2: not a checkpoint record (kind 'episode')" in p.stderr.decode()
     assert len(points(groups(p.stdout)["curve-train-0"])) == 16
-    for args, words in ((["-o", str(tmp_path / "dir") + "/"], b"-o FILE.svg or FILE.png"),
-                        (["-f", "svg", "-e", "0"], b"make one curve")):
+    for args, words in (
+        (["-o", str(tmp_path / "dir") + "/"], b"-o FILE.svg or FILE.png"),
+        (["-f", "svg", "-e", "0"], b"make one curve"),
+    ):
         p = run(["dphil-show", str(ckpts), *args])
         assert p.returncode == 64 and words in p.stderr, (args, p.stderr)
     # Text shows episodes: checkpoint records alone leave nothing to show (exit 65).

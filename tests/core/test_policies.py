@@ -15,10 +15,18 @@ PROTOCOLS = ("paper", "dpbench")
 SCHEDULES = ("simultaneous", "sequential")
 
 
-def episodes(policy: str, protocol: str, schedule: str = "simultaneous", n: int = 5, rounds: int = 5,
-             seeds=range(20), **kw):
-    return [play(EpisodeConfig(model=f"scripted:{policy}", n=n, rounds=rounds, seed=s, protocol=protocol,
-                               schedule=schedule, **kw), get_policy(policy)) for s in seeds]
+def episodes(
+    policy: str, protocol: str, schedule: str = "simultaneous", n: int = 5, rounds: int = 5, seeds=range(20), **kw
+):
+    return [
+        play(
+            EpisodeConfig(
+                model=f"scripted:{policy}", n=n, rounds=rounds, seed=s, protocol=protocol, schedule=schedule, **kw
+            ),
+            get_policy(policy),
+        )
+        for s in seeds
+    ]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -28,11 +36,12 @@ def test_naive_deadlocks_in_round_one_when_all_start_together(protocol):
         assert {t["action"] for t in ep["turns"]} == {protocol_actions(protocol)[0]}
 
 
-@pytest.mark.parametrize(("protocol", "schedule", "conflict", "n"),
-                         list(itertools.product(PROTOCOLS, SCHEDULES, ("random", "lowest-id"), (2, 3, 5, 10))))
+@pytest.mark.parametrize(
+    ("protocol", "schedule", "conflict", "n"),
+    list(itertools.product(PROTOCOLS, SCHEDULES, ("random", "lowest-id"), (2, 3, 5, 10))),
+)
 def test_hierarchy_never_deadlocks_and_eats(protocol, schedule, conflict, n):
-    eps = episodes("hierarchy", protocol, schedule, n=n, rounds=12, conflict=conflict,
-                   deadlock_mode="continue")
+    eps = episodes("hierarchy", protocol, schedule, n=n, rounds=12, conflict=conflict, deadlock_mode="continue")
     assert not any(ep["deadlock"] for ep in eps)
     assert all(sum(ep["meals"]) > 0 for ep in eps)
 

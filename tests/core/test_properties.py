@@ -16,15 +16,17 @@ from dphil.io.errors import DataError
 settings.register_profile("dphil", max_examples=150, deadline=None)
 settings.load_profile("dphil")
 
-configs = st.fixed_dictionaries({
-    "n": st.integers(2, 8),
-    "rounds": st.integers(1, 6),
-    "protocol": st.sampled_from(["paper", "dpbench"]),
-    "schedule": st.sampled_from(["simultaneous", "sequential"]),
-    "conflict": st.sampled_from(["random", "lowest-id"]),
-    "deadlock_mode": st.sampled_from(["terminal", "continue"]),
-    "seed": st.integers(0, 2**32),
-})
+configs = st.fixed_dictionaries(
+    {
+        "n": st.integers(2, 8),
+        "rounds": st.integers(1, 6),
+        "protocol": st.sampled_from(["paper", "dpbench"]),
+        "schedule": st.sampled_from(["simultaneous", "sequential"]),
+        "conflict": st.sampled_from(["random", "lowest-id"]),
+        "deadlock_mode": st.sampled_from(["terminal", "continue"]),
+        "seed": st.integers(0, 2**32),
+    }
+)
 
 
 @st.composite
@@ -32,8 +34,13 @@ def random_episodes(draw):
     """A config plus an arbitrary action (or null) for every philosopher and round."""
     cfg = draw(configs)
     actions = [*protocol_actions(cfg["protocol"]), None]
-    script = draw(st.lists(st.lists(st.sampled_from(actions), min_size=cfg["n"], max_size=cfg["n"]),
-                           min_size=cfg["rounds"], max_size=cfg["rounds"]))
+    script = draw(
+        st.lists(
+            st.lists(st.sampled_from(actions), min_size=cfg["n"], max_size=cfg["n"]),
+            min_size=cfg["rounds"],
+            max_size=cfg["rounds"],
+        )
+    )
     return cfg, script
 
 
@@ -42,8 +49,7 @@ def run_script(cfg, script) -> tuple[Table, list[list[int]]]:
     from dphil.core.table import lowest_id
 
     resolve = lowest_id if cfg["conflict"] == "lowest-id" else random_resolver(cfg["seed"])
-    t = Table(cfg["n"], cfg["rounds"], protocol=cfg["protocol"], deadlock_mode=cfg["deadlock_mode"],
-              resolve=resolve)
+    t = Table(cfg["n"], cfg["rounds"], protocol=cfg["protocol"], deadlock_mode=cfg["deadlock_mode"], resolve=resolve)
     n = cfg["n"]
     for actions in script:
         if t.over:
@@ -63,10 +69,10 @@ def run_script(cfg, script) -> tuple[Table, list[list[int]]]:
             # held both forks at some point this round (checked via the turns/events)
             assert t.meals[i] - before_meals[i] in (0, 1)
             if t.meals[i] > before_meals[i]:
-                ate = any(x["philosopher"] == i and x["action"] == "eat" and x["ok"]
-                          for x in t.turns if x["round"] == r)
-                auto = any(e["philosopher"] == i and e["event"] == "auto-eat"
-                           for e in t.events if e["round"] == r)
+                ate = any(
+                    x["philosopher"] == i and x["action"] == "eat" and x["ok"] for x in t.turns if x["round"] == r
+                )
+                auto = any(e["philosopher"] == i and e["event"] == "auto-eat" for e in t.events if e["round"] == r)
                 assert ate or auto
     return t
 
@@ -181,8 +187,7 @@ def test_simultaneous_rounds_follow_apply_code(case, data):
         tables.append(t)
     engine, plain = tables
     for actions in script:
-        got = [(x["round"], x["philosopher"], x["action"], x["ok"], x["reason"])
-               for x in engine.resolve_round(actions)]
+        got = [(x["round"], x["philosopher"], x["action"], x["ok"], x["reason"]) for x in engine.resolve_round(actions)]
         assert got == settle_by_apply_code(plain, actions)
         assert (engine.holder, engine.meals, engine.eating) == (plain.holder, plain.meals, plain.eating)
         engine.end_round()
@@ -219,11 +224,19 @@ def test_play_line_is_the_record_play_returns(cfg, policy_name):
     assert play_line(config, POLICIES[policy_name]) == line  # ... and nothing shared changes with it
 
 
-@given(configs, st.dictionaries(st.sampled_from(["prompt", "seed", "adapter", "x"]),
-                                st.one_of(st.text(max_size=12), st.integers(-3, 3),
-                                          st.dictionaries(st.sampled_from(["seed", "y"]), st.integers(-1, 1))),
-                                max_size=3),
-       st.integers(-(1 << 63), (1 << 64) - 1))
+@given(
+    configs,
+    st.dictionaries(
+        st.sampled_from(["prompt", "seed", "adapter", "x"]),
+        st.one_of(
+            st.text(max_size=12),
+            st.integers(-3, 3),
+            st.dictionaries(st.sampled_from(["seed", "y"]), st.integers(-1, 1)),
+        ),
+        max_size=3,
+    ),
+    st.integers(-(1 << 63), (1 << 64) - 1),
+)
 def test_episode_ids_of_clones_hash_the_whole_identity(cfg, variant, seed):
     """The per-cell shortcut in EpisodeConfig.episode_id gives exactly the documented hash."""
     from dphil.core.records import episode_id
@@ -254,8 +267,10 @@ def test_threads_playing_at_once_write_the_same_records():
     from dphil.core.episode import play_line
     from dphil.io.jsonl import dumps
 
-    configs = [EpisodeConfig(model="scripted:random", n=n, rounds=r, deadlock_mode="continue", seed=s)
-               for s, (n, r) in enumerate([(5, 80), (70, 4), (3, 20)] * 8)]
+    configs = [
+        EpisodeConfig(model="scripted:random", n=n, rounds=r, deadlock_mode="continue", seed=s)
+        for s, (n, r) in enumerate([(5, 80), (70, 4), (3, 20)] * 8)
+    ]
     with ThreadPoolExecutor(8) as pool:
         lines = list(pool.map(lambda c: play_line(c, POLICIES["random"]), configs))
     assert lines == [dumps(play(c, POLICIES["random"])) for c in configs]

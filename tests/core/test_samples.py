@@ -61,12 +61,15 @@ def test_scored_samples_validate_and_unscored_do_not():
     assert list(v.iter_errors(plain))  # an unscored episode lacks reward and metrics
 
 
-@pytest.mark.parametrize("broken", [
-    {"turns": [{"round": 0, "philosopher": 0, "action": "eat", "ok": True, "reason": None}]},
-    {"protocol": "chess"},
-    {"meals": [-1, 0, 0, 0, 0]},
-    {"episode_id": "not-hex"},
-])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"turns": [{"round": 0, "philosopher": 0, "action": "eat", "ok": True, "reason": None}]},
+        {"protocol": "chess"},
+        {"meals": [-1, 0, 0, 0, 0]},
+        {"episode_id": "not-hex"},
+    ],
+)
 def test_schema_rejects_broken_records(broken):
     _, rec = next(sample_records("hierarchy.jsonl"))
     rec.update(broken)

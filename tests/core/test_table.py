@@ -30,8 +30,14 @@ def test_forks_left_is_i_right_is_i_plus_1():
 
 
 def test_protocol_action_sets():
-    assert protocol_actions("paper") == ("pick-up-left", "pick-up-right", "put-down-left",
-                                         "put-down-right", "eat", "think")
+    assert protocol_actions("paper") == (
+        "pick-up-left",
+        "pick-up-right",
+        "put-down-left",
+        "put-down-right",
+        "eat",
+        "think",
+    )
     assert protocol_actions("dpbench") == ("grab-left", "grab-right", "release", "wait")
 
 
@@ -45,8 +51,7 @@ def test_every_failure_reason():
     assert turn_of(t, 2, 2)["reason"] == NEEDS_BOTH_FORKS
     t.play_simultaneous([None, "think", "pick-up-left"])
     assert turn_of(t, 3, 2)["reason"] == HELD_BY_NEIGHBOUR  # fork 2 is philosopher 1's right
-    assert turn_of(t, 3, 0) == {"round": 3, "philosopher": 0, "action": None, "ok": False,
-                                "reason": NO_ACTION}
+    assert turn_of(t, 3, 0) == {"round": 3, "philosopher": 0, "action": None, "ok": False, "reason": NO_ACTION}
 
 
 def test_null_action_is_never_think():

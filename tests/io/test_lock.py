@@ -95,8 +95,7 @@ def read_only_dir(tmp_path):
         yield ro
         ro.chmod(0o755)
         return
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "dphil-ro", str(ro)],
-                       capture_output=True)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "dphil-ro", str(ro)], capture_output=True)
     if p.returncode != 0:
         pytest.skip(f"running as root and cannot mount a read-only tmpfs: {p.stderr!r}")
     try:
@@ -107,8 +106,10 @@ def read_only_dir(tmp_path):
 
 def test_read_only_directory_exits_73_with_a_line(tmp_path, read_only_dir):
     src = tmp_path / "ep.jsonl"
-    subprocess.run([command_path("dphil-rollout"), "-m", "scripted:naive", "-n", "3",
-                    "--episodes", "1", "-o", str(src)], check=True)
+    subprocess.run(
+        [command_path("dphil-rollout"), "-m", "scripted:naive", "-n", "3", "--episodes", "1", "-o", str(src)],
+        check=True,
+    )
     for argv in (["dphil-score", str(src)], ["dphil-rollout", "-m", "scripted:naive"]):
         out = str(read_only_dir / "out.jsonl")
         p = run([*argv, "-o", out])
@@ -117,13 +118,16 @@ def test_read_only_directory_exits_73_with_a_line(tmp_path, read_only_dir):
         assert line.startswith(f"{argv[0]}: ") and out in line and "lock file" in line
 
 
-@pytest.mark.parametrize("argv", [
-    ["dphil-score", "{src}", "-o", "{out}"],
-    ["dphil-stats", "{src}", "-o", "{out}"],
-    ["dphil-ckpt-select", "{src}", "-o", "{out}"],
-    ["dphil-rollout", "-m", "scripted:naive", "-n", "3", "-o", "{out}", "--resume"],
-    ["dphil-train", "--base-model", "none", "--run-dir", "{out}"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dphil-score", "{src}", "-o", "{out}"],
+        ["dphil-stats", "{src}", "-o", "{out}"],
+        ["dphil-ckpt-select", "{src}", "-o", "{out}"],
+        ["dphil-rollout", "-m", "scripted:naive", "-n", "3", "-o", "{out}", "--resume"],
+        ["dphil-train", "--base-model", "none", "--run-dir", "{out}"],
+    ],
+)
 def test_every_writer_exits_75_naming_the_file_and_holder(tmp_path, holder, argv):
     out = tmp_path / "target"
     src = tmp_path / "in.jsonl"
@@ -138,12 +142,15 @@ def test_every_writer_exits_75_naming_the_file_and_holder(tmp_path, holder, argv
 
 def test_wait_lock_waits_for_the_holder_then_writes(tmp_path, holder):
     src = tmp_path / "ep.jsonl"
-    subprocess.run([command_path("dphil-rollout"), "-m", "scripted:hierarchy", "-n", "3",
-                    "--episodes", "4", "-o", str(src)], check=True)
+    subprocess.run(
+        [command_path("dphil-rollout"), "-m", "scripted:hierarchy", "-n", "3", "--episodes", "4", "-o", str(src)],
+        check=True,
+    )
     out = tmp_path / "scored.jsonl"
     proc = holder(out)
-    waiter = subprocess.Popen([command_path("dphil-score"), str(src), "-o", str(out),
-                               "--wait-lock", "120"], stderr=subprocess.PIPE)
+    waiter = subprocess.Popen(
+        [command_path("dphil-score"), str(src), "-o", str(out), "--wait-lock", "120"], stderr=subprocess.PIPE
+    )
     first = waiter.stderr.readline().decode()  # the waiter says it waits: now let go
     assert f"waiting up to 120 s for pid {proc.pid}" in first and str(out) in first
     assert not out.exists()
@@ -156,16 +163,16 @@ def test_wait_lock_waits_for_the_holder_then_writes(tmp_path, holder):
 
 def test_wait_lock_gives_up_after_its_time(tmp_path, holder):
     proc = holder(tmp_path / "out.jsonl")
-    p = run(["dphil-score", os.devnull, "-o", str(tmp_path / "out.jsonl"), "--wait-lock", "0.2",
-             "-q"])
+    p = run(["dphil-score", os.devnull, "-o", str(tmp_path / "out.jsonl"), "--wait-lock", "0.2", "-q"])
     assert p.returncode == 75
     assert b"after waiting 0.2 s" in p.stderr and str(proc.pid).encode() in p.stderr
 
 
 def _registry(tmp_path, server):
     path = tmp_path / "models.toml"
-    path.write_text(f'[models.local]\nmodel = "openai/local"\napi_base = "{server.url}"\n'
-                    'api_key_env = "DPHIL_LOCK_KEY"\n')
+    path.write_text(
+        f'[models.local]\nmodel = "openai/local"\napi_base = "{server.url}"\napi_key_env = "DPHIL_LOCK_KEY"\n'
+    )
     return str(path)
 
 
@@ -176,9 +183,27 @@ def test_identical_writers_some_killed_leave_every_episode_once(tmp_path):
     env.pop("DPHIL_MODELS", None)
     out = tmp_path / "out.jsonl"
     with OpenAIServer() as server:
-        args = [command_path("dphil-rollout"), "-m", "local", "-n", "2", "--episodes", "8",
-                "--rounds", "1", "--models", _registry(tmp_path, server), "--concurrency", "1",
-                "-o", str(out), "--resume", "--wait-lock", "300", "-q"]
+        args = [
+            command_path("dphil-rollout"),
+            "-m",
+            "local",
+            "-n",
+            "2",
+            "--episodes",
+            "8",
+            "--rounds",
+            "1",
+            "--models",
+            _registry(tmp_path, server),
+            "--concurrency",
+            "1",
+            "-o",
+            str(out),
+            "--resume",
+            "--wait-lock",
+            "300",
+            "-q",
+        ]
         served = 6  # three episodes of two calls each, then the next call is held
         server.hold_after(served)
         writers = [subprocess.Popen(args, env=env, stderr=subprocess.PIPE) for _ in range(4)]
@@ -212,8 +237,19 @@ def test_identical_writers_some_killed_leave_every_episode_once(tmp_path):
 
 def test_identical_scripted_writers_started_at_once(tmp_path):
     out = tmp_path / "grid.jsonl"
-    args = [command_path("dphil-rollout"), "-m", "scripted:random", "-n", "5,10", "--episodes",
-            "300", "-o", str(out), "--resume", "-q"]
+    args = [
+        command_path("dphil-rollout"),
+        "-m",
+        "scripted:random",
+        "-n",
+        "5,10",
+        "--episodes",
+        "300",
+        "-o",
+        str(out),
+        "--resume",
+        "-q",
+    ]
     writers = [subprocess.Popen(args, stderr=subprocess.PIPE) for _ in range(4)]
     results = [(w.wait(timeout=300), w.stderr.read()) for w in writers]
     for code, err in results:  # each either wrote (or found nothing to do) or was refused

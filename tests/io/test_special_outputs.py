@@ -21,8 +21,12 @@ def test_score_into_a_fifo_writes_through_it_and_leaves_it_a_fifo(tmp_path):
     os.mkfifo(fifo)
     reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
     try:
-        score = subprocess.run([command_path("dphil-score"), "-q", "--shaped", "-o", str(fifo)], input=episodes,
-                               capture_output=True, timeout=120)
+        score = subprocess.run(
+            [command_path("dphil-score"), "-q", "--shaped", "-o", str(fifo)],
+            input=episodes,
+            capture_output=True,
+            timeout=120,
+        )
         received, _ = reader.communicate(timeout=120)
     finally:
         if reader.poll() is None:

@@ -29,14 +29,17 @@ def lm(request, tmp_path_factory):
     path = build_tiny_model(tmp_path_factory.mktemp("lp") / "m", architecture=request.param, layers=3)
     model = LocalModel(str(path), device="cpu", micro_batch=4)
     torch.manual_seed(1)
-    model.model = peft.get_peft_model(model.model, peft.LoraConfig(
-        r=4, lora_alpha=8, target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM", init_lora_weights=False))
+    model.model = peft.get_peft_model(
+        model.model,
+        peft.LoraConfig(
+            r=4, lora_alpha=8, target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM", init_lora_weights=False
+        ),
+    )
     return model
 
 
 def prompts_of(lm):
-    texts = ["Round 1 of 5. You hold no fork.", "You are philosopher 2. The left fork is free. Choose.",
-             "ACTION"]
+    texts = ["Round 1 of 5. You hold no fork.", "You are philosopher 2. The left fork is free. Choose.", "ACTION"]
     return [lm.prompt_ids([{"role": "user", "content": t}]) for t in texts]
 
 
@@ -68,8 +71,12 @@ def test_candidate_logprobs_equal_the_plain_computation_with_gradients(lm, tempe
     params = [p for p in lm.model.parameters() if p.requires_grad]
     got = lm.candidate_logprobs(prompts, cands, temperature=temperature)
     g_got = torch.autograd.grad(got[:, 0].sum() + 0.5 * got[:, 2].sum(), params)
-    plain = torch.stack([torch.log_softmax(torch.stack(
-        [plain_sequence_logprob(lm, p, c, temperature).sum() for c in cands]), -1) for p in prompts])
+    plain = torch.stack(
+        [
+            torch.log_softmax(torch.stack([plain_sequence_logprob(lm, p, c, temperature).sum() for c in cands]), -1)
+            for p in prompts
+        ]
+    )
     g_plain = torch.autograd.grad(plain[:, 0].sum() + 0.5 * plain[:, 2].sum(), params)
     assert torch.allclose(got, plain, atol=1e-5)
     for a, b in zip(g_got, g_plain, strict=True):
@@ -80,8 +87,9 @@ def test_token_logprobs_equal_the_plain_computation_with_gradients(lm, monkeypat
     # A head slice of 3 rows, so the slicing and its recomputation are exercised on the tiny model too.
     monkeypatch.setattr(hf_policy, "HEAD_BYTES", 3 * 4 * lm.tokenizer.vocab_size)
     prompts = prompts_of(lm)
-    completions = [lm.tokenizer.encode(t, add_special_tokens=False)
-                   for t in ("ACTION: eat", "I think I will wait", "x")]
+    completions = [
+        lm.tokenizer.encode(t, add_special_tokens=False) for t in ("ACTION: eat", "I think I will wait", "x")
+    ]
     pairs = list(zip(prompts, completions, strict=True))
     params = [p for p in lm.model.parameters() if p.requires_grad]
     lp, mask = lm.token_logprobs(pairs, temperature=0.9)
@@ -90,7 +98,7 @@ def test_token_logprobs_equal_the_plain_computation_with_gradients(lm, monkeypat
     total = 0
     for b, (p, c) in enumerate(pairs):
         plain = plain_sequence_logprob(lm, p, c, 0.9)
-        assert torch.allclose(lp[b, width - len(c):], plain, atol=1e-5)
+        assert torch.allclose(lp[b, width - len(c) :], plain, atol=1e-5)
         assert mask[b].sum() == len(c) and float(lp[b, : width - len(c)].abs().sum()) == 0
         total = total + plain.sum()
     g_plain = torch.autograd.grad(total, params)

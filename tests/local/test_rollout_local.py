@@ -32,9 +32,29 @@ def trained(tmp_path_factory):
     model = build_tiny_model(d / "model")
     prompt = d / "prompt.txt"
     prompt.write_text(PROMPT)
-    proc = run(["dphil-train", "--base-model", str(model), "--run-dir", str(d / "run"), "--steps", "2",
-                "--groups", "1", "--group-size", "2", "--lr", "5e-3", "--prompt-file", str(prompt), "--seed", "3",
-                *LOCAL], timeout=600)
+    proc = run(
+        [
+            "dphil-train",
+            "--base-model",
+            str(model),
+            "--run-dir",
+            str(d / "run"),
+            "--steps",
+            "2",
+            "--groups",
+            "1",
+            "--group-size",
+            "2",
+            "--lr",
+            "5e-3",
+            "--prompt-file",
+            str(prompt),
+            "--seed",
+            "3",
+            *LOCAL,
+        ],
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr.decode()
     (d / "ckpts.jsonl").write_bytes(proc.stdout)
     return d, model, prompt
@@ -47,18 +67,29 @@ def records(data: bytes) -> list[dict]:
 def test_checkpoints_feed_validation_and_selection(trained):
     d, model, prompt = trained
     ckpts = d / "ckpts.jsonl"
-    rollout = [command_path("dphil-rollout"), "--checkpoints", str(ckpts), "--seeds", "1000-1002",
-               "--prompt-file", str(prompt), *LOCAL]
-    pipeline = (f"{' '.join(map(repr, rollout))} | '{command_path('dphil-score')}' --shaped | tee '{d}/val.jsonl' "
-                f"| '{command_path('dphil-ckpt-select')}' --by val '{ckpts}' - > '{d}/best.jsonl'")
+    rollout = [
+        command_path("dphil-rollout"),
+        "--checkpoints",
+        str(ckpts),
+        "--seeds",
+        "1000-1002",
+        "--prompt-file",
+        str(prompt),
+        *LOCAL,
+    ]
+    pipeline = (
+        f"{' '.join(map(repr, rollout))} | '{command_path('dphil-score')}' --shaped | tee '{d}/val.jsonl' "
+        f"| '{command_path('dphil-ckpt-select')}' --by val '{ckpts}' - > '{d}/best.jsonl'"
+    )
     proc = subprocess.run(["bash", "-o", "pipefail", "-c", pipeline], capture_output=True, timeout=600)
     assert proc.returncode == 0, proc.stderr.decode()
     val = records((d / "val.jsonl").read_bytes())
     steps = [json.loads(x)["step"] for x in ckpts.read_text().splitlines()]
     assert sorted({r["checkpoint_step"] for r in val}) == steps == [1, 2]
     assert len(val) == 2 * 3
-    assert all(r["model"] == f"hf:{model}" and r["status"] == "complete" and r["reward"]["variant"] == "shaped"
-               for r in val)
+    assert all(
+        r["model"] == f"hf:{model}" and r["status"] == "complete" and r["reward"]["variant"] == "shaped" for r in val
+    )
     assert all(Path(r["adapter"]).is_dir() and r["run"] for r in val)
     assert len({r["episode_id"] for r in val}) == 6  # checkpoints give distinct ids on the same seeds
     best = records((d / "best.jsonl").read_bytes())
@@ -70,8 +101,18 @@ def test_checkpoints_feed_validation_and_selection(trained):
 def test_hf_model_with_adapter_is_reproducible_and_resumable(trained, tmp_path):
     d, model, prompt = trained
     adapter = json.loads((d / "ckpts.jsonl").read_text().splitlines()[0])["path"]
-    args = ["dphil-rollout", "-m", f"hf:{model}", "--adapter", adapter, "--seeds", "5,6", "--prompt-file",
-            str(prompt), *LOCAL]
+    args = [
+        "dphil-rollout",
+        "-m",
+        f"hf:{model}",
+        "--adapter",
+        adapter,
+        "--seeds",
+        "5,6",
+        "--prompt-file",
+        str(prompt),
+        *LOCAL,
+    ]
     first, second = run(args), run(args)
     assert first.returncode == 0, first.stderr.decode()
     assert first.stdout == second.stdout
@@ -113,8 +154,9 @@ def test_local_turns_keep_the_reply_as_raw_and_old_records_still_read(trained, t
     old["schema_version"] = 1
     for t in old["turns"]:
         t["reply"] = t.pop("raw")
-    assert [turn_raw(t) for t in old["turns"]] == [turn_raw(t) for t in rec["turns"]] == [
-        t["raw"] for t in rec["turns"]]
+    assert (
+        [turn_raw(t) for t in old["turns"]] == [turn_raw(t) for t in rec["turns"]] == [t["raw"] for t in rec["turns"]]
+    )
     scored = run(["dphil-score", "--shaped"], input=(json.dumps(old) + "\n" + json.dumps(rec) + "\n").encode())
     assert scored.returncode == 0, scored.stderr.decode()
     a, b = records(scored.stdout)

@@ -154,8 +154,10 @@ def test_hedges_g_is_antisymmetric_and_undefined_cases():
 # -- two proportions ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("ka,na,kb,nb", [(3, 30, 10, 30), (12, 30, 20, 30), (0, 30, 4, 30),
-                                         (30, 30, 30, 30), (0, 30, 0, 30), (25, 40, 9, 35)])
+@pytest.mark.parametrize(
+    "ka,na,kb,nb",
+    [(3, 30, 10, 30), (12, 30, 20, 30), (0, 30, 4, 30), (30, 30, 30, 30), (0, 30, 0, 30), (25, 40, 9, 35)],
+)
 def test_two_proportions_interval_matches_statsmodels_newcombe(ka, na, kb, nb):
     res = stats.two_proportions(ka, na, kb, nb)
     lo, hi = confint_proportions_2indep(kb, nb, ka, na, method="newcomb", compare="diff")
@@ -239,7 +241,11 @@ def test_adjust_matches_statsmodels(method, sm):
 def test_adjust_by_hand_with_undefined_values():
     # Holm over 3 defined values: 0.01*3, max(0.03, 0.02*2), max(0.04, 0.04*1).
     assert stats.adjust([0.02, None, 0.01, 0.04], "holm") == [
-        pytest.approx(0.04), None, pytest.approx(0.03), pytest.approx(0.04)]
+        pytest.approx(0.04),
+        None,
+        pytest.approx(0.03),
+        pytest.approx(0.04),
+    ]
     assert stats.adjust([0.02, None], "none") == [0.02, None]
     assert stats.adjust([], "holm") == []
     with pytest.raises(ValueError):
@@ -259,8 +265,7 @@ def test_power_study_sizes():
     # The study's 30 per arm: only g of about 0.74 or more is seen with 80% power, and the
     # observed g = -0.11 would need about 1,300 episodes per arm.
     mde = stats.detectable_effect(30, 30)
-    assert mde == pytest.approx(
-        TTestIndPower().solve_power(nobs1=30, alpha=0.05, power=0.8), rel=1e-4)
+    assert mde == pytest.approx(TTestIndPower().solve_power(nobs1=30, alpha=0.05, power=0.8), rel=1e-4)
     assert 0.72 < mde < 0.75
     assert 1250 < stats.sample_size(-0.11) < 1350
     assert stats.sample_size(0.0) is None
@@ -320,16 +325,13 @@ def test_cells_agree_with_a_direct_computation(tmp_path, grid):
         assert c["deadlock_ci"] == pytest.approx(list(stats.wilson(dl, 12)))
         assert c["meals_mean"] == pytest.approx(np.mean([sum(r["meals"]) for r in mine]))
         assert c["degenerate_rate"] == pytest.approx(
-            np.mean([not r["deadlock"] and sum(r["meals"]) == 0 for r in mine]))
-        assert c["throughput_mean"] == pytest.approx(
-            np.mean([r["metrics"]["throughput_per_round"] for r in mine]))
-        assert c["starvation_mean"] == pytest.approx(
-            np.mean([r["metrics"]["starvation"] for r in mine]))
-        assert c["null_action_rate"] == pytest.approx(
-            sum(t["action"] is None for t in turns) / len(turns))
+            np.mean([not r["deadlock"] and sum(r["meals"]) == 0 for r in mine])
+        )
+        assert c["throughput_mean"] == pytest.approx(np.mean([r["metrics"]["throughput_per_round"] for r in mine]))
+        assert c["starvation_mean"] == pytest.approx(np.mean([r["metrics"]["starvation"] for r in mine]))
+        assert c["null_action_rate"] == pytest.approx(sum(t["action"] is None for t in turns) / len(turns))
         if acted:
-            assert c["failed_action_rate"] == pytest.approx(
-                sum(not t["ok"] for t in acted) / len(acted))
+            assert c["failed_action_rate"] == pytest.approx(sum(not t["ok"] for t in acted) / len(acted))
         else:
             assert c["failed_action_rate"] is None
         assert c["turns"] == len(turns) and c["cost"] == 0.0
@@ -381,8 +383,8 @@ def test_comparison_pairs_by_seed_and_matches_scipy(tmp_path):
     recs = scored("random", 5, range(20)) + scored("hierarchy", 5, range(20))
     ep = cells.load([write(tmp_path / "ep.jsonl", recs)], ["model", "n"])
     [comp] = cells.comparison_records(
-        ep, ["model", "n"], [cells.Compare("model", "scripted:random", "scripted:hierarchy")],
-        power=True)
+        ep, ["model", "n"], [cells.Compare("model", "scripted:random", "scripted:hierarchy")], power=True
+    )
     ra = np.array([r["reward"]["total"] for r in recs[:20]])
     rb = np.array([r["reward"]["total"] for r in recs[20:]])
     ref = st.ttest_ind(rb, ra, equal_var=False)
@@ -403,8 +405,7 @@ def test_comparisons_unpaired_when_seeds_differ_and_holm_across_groups(tmp_path)
     for n in (5, 10):
         recs += scored("random", n, range(10)) + scored("greedy", n, range(100, 110))
     ep = cells.load([write(tmp_path / "ep.jsonl", recs)], ["model", "n"])
-    comps = cells.comparison_records(
-        ep, ["model", "n"], [cells.Compare("model", "scripted:random", "scripted:greedy")])
+    comps = cells.comparison_records(ep, ["model", "n"], [cells.Compare("model", "scripted:random", "scripted:greedy")])
     assert [c["n"] for c in comps] == [5, 10]
     assert all(c["paired"] is False and c["paired_tests"] is None for c in comps)
     holm = stats.adjust([c["p_value"] for c in comps], "holm")
@@ -418,13 +419,12 @@ def test_comparison_skips_a_group_missing_an_arm_and_rejects_unknown_values(tmp_
     ep = cells.load([write(tmp_path / "ep.jsonl", recs)], ["model", "n"])
     warnings: list[str] = []
     comps = cells.comparison_records(
-        ep, ["model", "n"], [cells.Compare("model", "scripted:random", "scripted:hierarchy")],
-        warn=warnings.append)
+        ep, ["model", "n"], [cells.Compare("model", "scripted:random", "scripted:hierarchy")], warn=warnings.append
+    )
     assert [c["n"] for c in comps] == [5]
     assert any("n=10" in w and "skipped" in w for w in warnings)
     with pytest.raises(UsageError, match="no episodes with model = 'gpt-x'"):
-        cells.comparison_records(ep, ["model", "n"],
-                                 [cells.Compare("model", "scripted:random", "gpt-x")])
+        cells.comparison_records(ep, ["model", "n"], [cells.Compare("model", "scripted:random", "gpt-x")])
 
 
 def test_free_fields_get_number_types_and_can_be_compared(tmp_path):
@@ -434,15 +434,13 @@ def test_free_fields_get_number_types_and_can_be_compared(tmp_path):
     assert ep.frame.schema["checkpoint_step"] == pl.Int64
     out = cells.cell_records(ep, ["checkpoint_step"])
     assert [c["checkpoint_step"] for c in out] == [0, 200]
-    [comp] = cells.comparison_records(ep, ["checkpoint_step"],
-                                      [cells.Compare("checkpoint_step", "0", "200")])
+    [comp] = cells.comparison_records(ep, ["checkpoint_step"], [cells.Compare("checkpoint_step", "0", "200")])
     assert comp["a"]["value"] == 0 and comp["b"]["value"] == 200 and comp["paired"] is False
 
 
 def test_missing_grouping_field_is_its_own_null_group(tmp_path):
     recs = scored("random", 5, range(3), prompt="v2") + scored("random", 5, range(3))
-    out = cells.cell_records(cells.load([write(tmp_path / "e.jsonl", recs)], ["prompt"]),
-                             ["prompt"])
+    out = cells.cell_records(cells.load([write(tmp_path / "e.jsonl", recs)], ["prompt"]), ["prompt"])
     assert [(c["prompt"], c["episodes"]) for c in out] == [("v2", 3), (None, 3)]
 
 
@@ -456,8 +454,12 @@ def test_usage_totals(tmp_path):
 
 def test_mixed_reward_variants_are_refused(tmp_path):
     recs = scored("random", 5, range(3))
-    recs += [score_record(play(EpisodeConfig(model="scripted:random", n=5, seed=9),
-                               get_policy("random")), RewardSpec(variant="shaped"))]
+    recs += [
+        score_record(
+            play(EpisodeConfig(model="scripted:random", n=5, seed=9), get_policy("random")),
+            RewardSpec(variant="shaped"),
+        )
+    ]
     ep = cells.load([write(tmp_path / "e.jsonl", recs)], ["model"])
     with pytest.raises(DataError, match="mixes reward variants paper and shaped"):
         cells.cell_records(ep, ["model"])
@@ -474,16 +476,19 @@ def _line_error(tmp_path, grid, bad: bytes, field=("model", "n")) -> DataError:
     return err.value
 
 
-@pytest.mark.parametrize("bad,reason", [
-    (b'{"model": "x", "n": \n', "invalid JSON"),
-    (b"[1, 2]\n", "expected a JSON object"),
-    (b'{"kind": "cell", "model": "x"}\n', "kind 'cell'"),
-    (b'{"status": "complete", "model": "x", "n": 5}\n', "not scored"),
-    (b'{"status": "done"}\n', "'status'"),
-    (b'{"status": "complete", "n": "five"}\n', "'n' should be an integer"),
-    (b'{"model": "x", "n": 5, "status": "complete", "reward": {"total": NaN}}\n', "NaN"),
-    (b'{"model": "x", "n": 5, "status": "complete"', "truncated"),
-])
+@pytest.mark.parametrize(
+    "bad,reason",
+    [
+        (b'{"model": "x", "n": \n', "invalid JSON"),
+        (b"[1, 2]\n", "expected a JSON object"),
+        (b'{"kind": "cell", "model": "x"}\n', "kind 'cell'"),
+        (b'{"status": "complete", "model": "x", "n": 5}\n', "not scored"),
+        (b'{"status": "done"}\n', "'status'"),
+        (b'{"status": "complete", "n": "five"}\n', "'n' should be an integer"),
+        (b'{"model": "x", "n": 5, "status": "complete", "reward": {"total": NaN}}\n', "NaN"),
+        (b'{"model": "x", "n": 5, "status": "complete"', "truncated"),
+    ],
+)
 def test_malformed_line_named_with_its_line(tmp_path, grid, bad, reason):
     assert reason in _line_error(tmp_path, grid, bad).message
 

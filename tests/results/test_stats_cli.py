@@ -16,8 +16,7 @@ import jsonschema
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMAS = {k: json.loads((ROOT / "schemas" / f"{k}.schema.json").read_text())
-           for k in ("cell", "comparison")}
+SCHEMAS = {k: json.loads((ROOT / "schemas" / f"{k}.schema.json").read_text()) for k in ("cell", "comparison")}
 
 
 def cmd(name: str) -> list[str]:
@@ -29,17 +28,16 @@ def cmd(name: str) -> list[str]:
     return [sys.executable, "-c", f"from dphil.commands.{module} import main; main()"]
 
 
-def run(args: list[str], *, stdin: bytes | None = None, env: dict | None = None,
-        cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*cmd("dphil-stats"), *args], input=stdin, capture_output=True,
-                          timeout=120, env=env, cwd=cwd)
+def run(
+    args: list[str], *, stdin: bytes | None = None, env: dict | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run([*cmd("dphil-stats"), *args], input=stdin, capture_output=True, timeout=120, env=env, cwd=cwd)
 
 
 def pipeline(*rollout_args: str) -> bytes:
     """dphil-rollout ... | dphil-score, through a real OS pipe."""
     roll = subprocess.Popen([*cmd("dphil-rollout"), "-q", *rollout_args], stdout=subprocess.PIPE)
-    score = subprocess.run([*cmd("dphil-score"), "-q"], stdin=roll.stdout, capture_output=True,
-                           timeout=120)
+    score = subprocess.run([*cmd("dphil-score"), "-q"], stdin=roll.stdout, capture_output=True, timeout=120)
     roll.stdout.close()
     assert roll.wait(timeout=60) == 0 and score.returncode == 0, score.stderr
     return score.stdout
@@ -47,8 +45,9 @@ def pipeline(*rollout_args: str) -> bytes:
 
 @pytest.fixture(scope="module")
 def episodes(tmp_path_factory) -> Path:
-    data = pipeline("-m", "scripted:hierarchy", "-m", "scripted:random", "-m", "scripted:idle",
-                    "-n", "5,10", "--episodes", "12")
+    data = pipeline(
+        "-m", "scripted:hierarchy", "-m", "scripted:random", "-m", "scripted:idle", "-n", "5,10", "--episodes", "12"
+    )
     path = tmp_path_factory.mktemp("stats") / "ep.jsonl"
     path.write_bytes(data)
     return path
@@ -64,13 +63,28 @@ def validate(recs: list[dict]) -> None:
 
 
 def test_full_pipeline_through_pipes():
-    roll = subprocess.Popen([*cmd("dphil-rollout"), "-q", "-m", "scripted:naive", "-m",
-                             "scripted:hierarchy", "-n", "5", "--episodes", "10"],
-                            stdout=subprocess.PIPE)
+    roll = subprocess.Popen(
+        [
+            *cmd("dphil-rollout"),
+            "-q",
+            "-m",
+            "scripted:naive",
+            "-m",
+            "scripted:hierarchy",
+            "-n",
+            "5",
+            "--episodes",
+            "10",
+        ],
+        stdout=subprocess.PIPE,
+    )
     score = subprocess.Popen([*cmd("dphil-score"), "-q"], stdin=roll.stdout, stdout=subprocess.PIPE)
-    stats = subprocess.run([*cmd("dphil-stats"), "--compare", "model", "scripted:naive",
-                            "scripted:hierarchy"], stdin=score.stdout, capture_output=True,
-                           timeout=120)
+    stats = subprocess.run(
+        [*cmd("dphil-stats"), "--compare", "model", "scripted:naive", "scripted:hierarchy"],
+        stdin=score.stdout,
+        capture_output=True,
+        timeout=120,
+    )
     roll.stdout.close()
     score.stdout.close()
     assert roll.wait(timeout=60) == 0 and score.wait(timeout=60) == 0
@@ -86,18 +100,32 @@ def test_full_pipeline_through_pipes():
 
 
 def test_cells_and_comparisons_from_a_file(episodes):
-    res = run([str(episodes), "--compare", "model", "scripted:random", "scripted:hierarchy",
-               "--compare", "model", "scripted:idle", "scripted:hierarchy", "--power"])
+    res = run(
+        [
+            str(episodes),
+            "--compare",
+            "model",
+            "scripted:random",
+            "scripted:hierarchy",
+            "--compare",
+            "model",
+            "scripted:idle",
+            "scripted:hierarchy",
+            "--power",
+        ]
+    )
     assert res.returncode == 0, res.stderr
     recs = records(res.stdout)
     validate(recs)
     cells = [r for r in recs if r["kind"] == "cell"]
     comps = [r for r in recs if r["kind"] == "comparison"]
     assert [(c["model"], c["n"]) for c in cells] == [
-        (m, n) for m in ("scripted:hierarchy", "scripted:idle", "scripted:random") for n in (5, 10)]
+        (m, n) for m in ("scripted:hierarchy", "scripted:idle", "scripted:random") for n in (5, 10)
+    ]
     assert len(comps) == 4 and all("power" in c for c in comps)
     # Holm over the four Welch p values.
     from dphil.results.maths import adjust
+
     assert [c["p_adjusted"] for c in comps] == adjust([c["p_value"] for c in comps], "holm")
     # The idle cells are all inaction: said on stderr, once per cell.
     err = res.stderr.decode()
@@ -110,8 +138,9 @@ def test_quiet_silences_warnings(episodes):
 
 
 def test_markdown_table_and_csv(episodes):
-    md = run([str(episodes), "--format", "markdown", "--compare", "model", "scripted:random",
-              "scripted:hierarchy", "-q"])
+    md = run(
+        [str(episodes), "--format", "markdown", "--compare", "model", "scripted:random", "scripted:hierarchy", "-q"]
+    )
     assert md.returncode == 0, md.stderr
     text = md.stdout.decode()
     assert text.startswith("| model | n | episodes |")
@@ -120,8 +149,19 @@ def test_markdown_table_and_csv(episodes):
     table = run([str(episodes), "--format", "table", "-q"]).stdout.decode()
     assert table.splitlines()[0].split()[:3] == ["model", "n", "episodes"]
     assert len(table.splitlines()) == 2 + 6
-    out = run([str(episodes), "--format", "csv", "--no-cells", "--compare", "model",
-               "scripted:random", "scripted:hierarchy", "-q"])
+    out = run(
+        [
+            str(episodes),
+            "--format",
+            "csv",
+            "--no-cells",
+            "--compare",
+            "model",
+            "scripted:random",
+            "scripted:hierarchy",
+            "-q",
+        ]
+    )
     rows = list(csv.DictReader(io.StringIO(out.stdout.decode())))
     assert len(rows) == 2 and rows[0]["kind"] == "comparison"
     assert float(rows[0]["diff_ci_lo"]) < float(rows[0]["diff"]) < float(rows[0]["diff_ci_hi"])
@@ -158,8 +198,9 @@ def test_malformed_line_reported_with_line_number_exit_65(episodes, tmp_path):
 
 
 def test_unscored_input_is_a_data_error(tmp_path):
-    raw = subprocess.run([*cmd("dphil-rollout"), "-q", "-m", "scripted:random", "--episodes", "2"],
-                         capture_output=True, timeout=60).stdout
+    raw = subprocess.run(
+        [*cmd("dphil-rollout"), "-q", "-m", "scripted:random", "--episodes", "2"], capture_output=True, timeout=60
+    ).stdout
     res = run(["-"], stdin=raw)
     assert res.returncode == 65
     assert b"<stdin>:1: episode is not scored" in res.stderr
@@ -219,8 +260,7 @@ def test_plot_without_matplotlib_says_what_to_install(episodes, tmp_path):
 
 def test_help_does_not_import_the_heavy_libraries():
     heavy = "('polars', 'scipy', 'numpy', 'matplotlib', 'litellm', 'torch')"
-    probe = ("import sys; from dphil.commands import stats; "
-             f"print(sorted(m for m in {heavy} if m in sys.modules))")
+    probe = f"import sys; from dphil.commands import stats; print(sorted(m for m in {heavy} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60, cwd=ROOT)
     assert out.stdout.strip() == b"[]", out.stderr
     res = run(["--help"])

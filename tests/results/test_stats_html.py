@@ -80,11 +80,11 @@ def grid(path: Path, *extra: str) -> Path:
     """A real scripted grid, scored with the shaped reward, written through pipes."""
     models = [a for m in MODELS for a in ("-m", m)]
     rollout = subprocess.Popen(
-        [command_path("dphil-rollout"), *models, "-n", ",".join(map(str, SIZES)),
-         "--episodes", str(EPISODES), *extra], stdout=subprocess.PIPE)
+        [command_path("dphil-rollout"), *models, "-n", ",".join(map(str, SIZES)), "--episodes", str(EPISODES), *extra],
+        stdout=subprocess.PIPE,
+    )
     with path.open("wb") as out:
-        score = subprocess.run([command_path("dphil-score"), "--shaped"], stdin=rollout.stdout,
-                               stdout=out, timeout=120)
+        score = subprocess.run([command_path("dphil-score"), "--shaped"], stdin=rollout.stdout, stdout=out, timeout=120)
     assert rollout.wait(timeout=120) == 0 and score.returncode == 0
     return path
 
@@ -95,16 +95,16 @@ def made(tmp_path_factory):
     ep = grid(folder / "ep.jsonl")
     page = folder / "report.html"
     # Relative names, as a user types them: the page's header names "ep.jsonl".
-    p = run(["dphil-stats", ep.name, *COMPARE, "--format", "html", "-o", page.name,
-             "--timelines", "2", "-q"], cwd=folder)
+    p = run(
+        ["dphil-stats", ep.name, *COMPARE, "--format", "html", "-o", page.name, "--timelines", "2", "-q"], cwd=folder
+    )
     assert p.returncode == 0, p.stderr
     records = run(["dphil-stats", str(ep), *COMPARE, "-q"])
     assert records.returncode == 0
     out = [json.loads(line) for line in records.stdout.splitlines()]
     cells = [r for r in out if r["kind"] == "cell"]
     comps = [r for r in out if r["kind"] == "comparison"]
-    return {"folder": folder, "ep": ep, "page": page, "text": page.read_text(),
-            "cells": cells, "comps": comps}
+    return {"folder": folder, "ep": ep, "page": page, "text": page.read_text(), "cells": cells, "comps": comps}
 
 
 def test_the_page_holds_the_tables_of_the_records(made):
@@ -152,8 +152,7 @@ def test_timelines_are_the_first_episodes_of_each_cell(made):
 def test_stdin_and_gzip_give_the_same_page(made):
     plain = made["text"].replace(made["ep"].name, "SOURCE")
     data = made["ep"].read_bytes()
-    piped = run(["dphil-stats", "-", *COMPARE, "--format", "html", "--timelines", "2", "-q"],
-                input=data)
+    piped = run(["dphil-stats", "-", *COMPARE, "--format", "html", "--timelines", "2", "-q"], input=data)
     assert piped.returncode == 0, piped.stderr
     assert piped.stdout.decode().replace("&lt;stdin&gt;", "SOURCE") == plain
     gz = made["folder"] / "ep.jsonl.gz"
@@ -215,8 +214,7 @@ def test_the_sample_keeps_k_per_cell_of_a_large_input(tmp_path):
     from dphil.results import cells
 
     ep = tmp_path / "big.jsonl"
-    rollout = run(["dphil-rollout", "-m", "scripted:naive", "-m", "scripted:hierarchy", "-n", "3",
-                   "--episodes", "500"])
+    rollout = run(["dphil-rollout", "-m", "scripted:naive", "-m", "scripted:hierarchy", "-n", "3", "--episodes", "500"])
     assert rollout.returncode == 0
     score = run(["dphil-score"], input=rollout.stdout)
     ep.write_bytes(score.stdout)
@@ -261,7 +259,8 @@ def test_the_report_renders_in_chromium_and_its_links_land(made):
         # Every in-page link has its target in the document.
         missing = page.evaluate(
             "[...document.querySelectorAll('a[href^=\"#\"]')]"
-            ".map(a => a.getAttribute('href').slice(1)).filter(id => !document.getElementById(id))")
+            ".map(a => a.getAttribute('href').slice(1)).filter(id => !document.getElementById(id))"
+        )
         assert missing == []
         count = page.evaluate("document.querySelectorAll('svg.dphil-timeline').length")
         assert count == 2 * len(MODELS) * len(SIZES)
@@ -279,8 +278,10 @@ def test_the_report_renders_in_chromium_and_its_links_land(made):
         b.screenshot(page, shot, full_page=False)
         assert browser.non_blank(shot.read_bytes())
         # The plots drew: the inline SVG has a real size on the page.
-        box = page.evaluate("(() => { const r = document.querySelector('figure.plot svg')"
-                            ".getBoundingClientRect(); return [r.width, r.height]; })()")
+        box = page.evaluate(
+            "(() => { const r = document.querySelector('figure.plot svg')"
+            ".getBoundingClientRect(); return [r.width, r.height]; })()"
+        )
         assert box[0] > 600 and box[1] > 200
         assert b.problems == []
     keep_picture(png, "stats-report.png")

@@ -56,13 +56,28 @@ def test_the_cron_line_resumes_refuses_to_overlap_and_survives_sigkill(tmp_path)
     grid_dir.mkdir()
     # Cron's own environment (Debian's cron: SHELL, PATH, HOME, LOGNAME), then the crontab's
     # variables with this checkout, this venv, a scratch directory and a scripted grid.
-    env = {"SHELL": "/bin/sh", "PATH": "/usr/bin:/bin", "HOME": str(home), "LOGNAME": "root",
-           **crontab_env, "DPHIL": str(ROOT), "DPHIL_VENV": str(VENV), "GRID_DIR": str(grid_dir),
-           "GRID": GRID}
+    env = {
+        "SHELL": "/bin/sh",
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(home),
+        "LOGNAME": "root",
+        **crontab_env,
+        "DPHIL": str(ROOT),
+        "DPHIL_VENV": str(VENV),
+        "GRID_DIR": str(grid_dir),
+        "GRID": GRID,
+    }
 
     def start() -> subprocess.Popen:
-        return subprocess.Popen(["/bin/sh", "-c", command], cwd=home, env=env, start_new_session=True,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            cwd=home,
+            env=env,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
 
     def finish(proc: subprocess.Popen) -> tuple[int, bytes]:
         out, _ = proc.communicate(timeout=WAIT_SECONDS)
@@ -70,14 +85,15 @@ def test_the_cron_line_resumes_refuses_to_overlap_and_survives_sigkill(tmp_path)
 
     out = grid_dir / "grid.jsonl"
     log = grid_dir / "grid.log"
-    expected = Counter(orjson.loads(line)["episode_id"]
-                       for line in run(["dphil-rollout", "-q", *GRID.split()]).stdout.splitlines())
+    expected = Counter(
+        orjson.loads(line)["episode_id"] for line in run(["dphil-rollout", "-q", *GRID.split()]).stdout.splitlines()
+    )
     assert len(expected) == 80000
 
     first = start()
     try:
         deadline = time.monotonic() + WAIT_SECONDS
-        while not (out.exists() and b"\n" in out.read_bytes()[:1 << 20]):
+        while not (out.exists() and b"\n" in out.read_bytes()[: 1 << 20]):
             assert first.poll() is None, f"the first run ended before writing: {log.read_text()}"
             assert time.monotonic() < deadline, "the first run wrote nothing"
             time.sleep(0.01)

@@ -18,33 +18,60 @@ def records(out: str | bytes) -> list[dict]:
 
 
 def test_grid_of_models_sizes_and_seeds():
-    res = CliRunner().invoke(rollout_main, ["-m", "scripted:hierarchy", "-m", "scripted:random", "-n", "5,10",
-                                            "--episodes", "3", "--seed", "100"])
+    res = CliRunner().invoke(
+        rollout_main,
+        ["-m", "scripted:hierarchy", "-m", "scripted:random", "-n", "5,10", "--episodes", "3", "--seed", "100"],
+    )
     assert res.exit_code == 0, res.output
     recs = records(res.stdout)
     assert [(r["model"], r["n"], r["seed"]) for r in recs] == [
-        (m, n, s) for m in ("scripted:hierarchy", "scripted:random") for n in (5, 10) for s in (100, 101, 102)]
-    assert all(r["rounds"] == 5 and r["protocol"] == "paper" and r["schedule"] == "simultaneous"
-               and r["conflict"] == "random" and r["deadlock_mode"] == "terminal" for r in recs)
+        (m, n, s) for m in ("scripted:hierarchy", "scripted:random") for n in (5, 10) for s in (100, 101, 102)
+    ]
+    assert all(
+        r["rounds"] == 5
+        and r["protocol"] == "paper"
+        and r["schedule"] == "simultaneous"
+        and r["conflict"] == "random"
+        and r["deadlock_mode"] == "terminal"
+        for r in recs
+    )
     assert len({r["episode_id"] for r in recs}) == len(recs)
 
 
 def test_options_reach_the_records():
-    res = CliRunner().invoke(rollout_main, ["-m", "scripted:random", "-n", "3", "--seeds", "7,9-10",
-                                            "--rounds", "4", "--protocol", "dpbench", "--schedule",
-                                            "sequential", "--conflict", "lowest-id", "--deadlock", "continue"])
+    res = CliRunner().invoke(
+        rollout_main,
+        [
+            "-m",
+            "scripted:random",
+            "-n",
+            "3",
+            "--seeds",
+            "7,9-10",
+            "--rounds",
+            "4",
+            "--protocol",
+            "dpbench",
+            "--schedule",
+            "sequential",
+            "--conflict",
+            "lowest-id",
+            "--deadlock",
+            "continue",
+        ],
+    )
     recs = records(res.stdout)
     assert [r["seed"] for r in recs] == [7, 9, 10]
     assert {(r["rounds"], r["protocol"], r["schedule"], r["conflict"], r["deadlock_mode"]) for r in recs} == {
-        (4, "dpbench", "sequential", "lowest-id", "continue")}
+        (4, "dpbench", "sequential", "lowest-id", "continue")
+    }
     assert all(len(r["turns"]) == 12 for r in recs)
 
 
 def test_episode_ids_are_stable_across_runs_and_change_with_config():
     a = records(CliRunner().invoke(rollout_main, ["-m", "scripted:random", "--episodes", "4"]).stdout)
     b = records(CliRunner().invoke(rollout_main, ["-m", "scripted:random", "--episodes", "4"]).stdout)
-    c = records(CliRunner().invoke(rollout_main, ["-m", "scripted:random", "--episodes", "4",
-                                                  "--rounds", "6"]).stdout)
+    c = records(CliRunner().invoke(rollout_main, ["-m", "scripted:random", "--episodes", "4", "--rounds", "6"]).stdout)
     assert a == b
     assert {r["episode_id"] for r in a}.isdisjoint({r["episode_id"] for r in c})
 
@@ -60,16 +87,19 @@ def test_shards_partition_the_grid():
     assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["-m", "scripted:smart"], "unknown scripted policy"),
-    (["-m", "scripted:naive", "-n", "1"], "at least 2"),
-    (["-m", "scripted:naive", "-n", "five"], "not a non-negative integer"),
-    (["-m", "scripted:naive", "--seeds", "9-3"], "runs backwards"),
-    (["-m", "scripted:naive", "--shard", "3/3"], "0 <= i < k"),
-    (["-m", "scripted:naive", "--resume"], "--resume needs -o"),
-    (["-m", "scripted:naive", "--protocol", "chess"], "Invalid value"),
-    ([], "Missing option"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-m", "scripted:smart"], "unknown scripted policy"),
+        (["-m", "scripted:naive", "-n", "1"], "at least 2"),
+        (["-m", "scripted:naive", "-n", "five"], "not a non-negative integer"),
+        (["-m", "scripted:naive", "--seeds", "9-3"], "runs backwards"),
+        (["-m", "scripted:naive", "--shard", "3/3"], "0 <= i < k"),
+        (["-m", "scripted:naive", "--resume"], "--resume needs -o"),
+        (["-m", "scripted:naive", "--protocol", "chess"], "Invalid value"),
+        ([], "Missing option"),
+    ],
+)
 def test_usage_errors_exit_64(args, message):
     proc = run(["dphil-rollout", *args])
     assert proc.returncode == 64, proc.stderr
@@ -143,7 +173,10 @@ def test_signal_leaves_whole_lines_and_resume_completes(tmp_path, sig):
 
 
 def test_streams_whole_lines_to_a_pipe():
-    proc = subprocess.run(f"'{command_path('dphil-rollout')}' -m scripted:random --episodes 5000 | head -n 3",
-                          shell=True, capture_output=True)
+    proc = subprocess.run(
+        f"'{command_path('dphil-rollout')}' -m scripted:random --episodes 5000 | head -n 3",
+        shell=True,
+        capture_output=True,
+    )
     assert proc.returncode == 0 and proc.stderr == b""
     assert [r["seed"] for r in records(proc.stdout)] == [0, 1, 2]

@@ -26,8 +26,7 @@ def test_dphil_stats_compares_by_a_tag(tmp_path):
     path = tmp_path / "ep.jsonl"
     lines = []
     for recipe, model in (("study", "scripted:naive"), ("dphil", "scripted:hierarchy")):
-        proc = run(["dphil-rollout", "-q", "-m", model, "-n", "3", "--episodes", "6",
-                    "--tag", f"recipe={recipe}"])
+        proc = run(["dphil-rollout", "-q", "-m", model, "-n", "3", "--episodes", "6", "--tag", f"recipe={recipe}"])
         assert proc.returncode == 0, proc.stderr
         lines.append(proc.stdout.decode())
     scored = run(["dphil-score", "-q", "-"], input="".join(lines).encode())
@@ -41,16 +40,21 @@ def test_dphil_stats_compares_by_a_tag(tmp_path):
     assert comparison["paired"] is True  # same seeds in both arms
 
 
-@pytest.mark.parametrize("tag,match", [
-    ("recipe", "KEY=VALUE"), ("Recipe=x", "KEY=VALUE"), ("recipe=", "KEY=VALUE"),
-    ("seed=3", "part of the episode record"), ("reward=x", "part of the episode record"),
-])
+@pytest.mark.parametrize(
+    "tag,match",
+    [
+        ("recipe", "KEY=VALUE"),
+        ("Recipe=x", "KEY=VALUE"),
+        ("recipe=", "KEY=VALUE"),
+        ("seed=3", "part of the episode record"),
+        ("reward=x", "part of the episode record"),
+    ],
+)
 def test_bad_tags_exit_64(tag, match):
     proc = run(["dphil-rollout", "-m", "scripted:naive", "-n", "3", "--episodes", "1", "--tag", tag])
     assert proc.returncode == 64 and match in proc.stderr.decode()
 
 
 def test_a_tag_may_not_shadow_what_a_local_run_records(tmp_path):
-    proc = run(["dphil-rollout", "-m", f"hf:{tmp_path}", "-n", "3", "--episodes", "1",
-                "--tag", "memory=x"])
+    proc = run(["dphil-rollout", "-m", f"hf:{tmp_path}", "-n", "3", "--episodes", "1", "--tag", "memory=x"])
     assert proc.returncode == 64 and "already records" in proc.stderr.decode()

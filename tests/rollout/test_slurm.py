@@ -33,8 +33,7 @@ def cluster_up() -> bool:
         proc = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return proc.returncode == 0 and any(s in {"idle", "mixed", "allocated", "completing"}
-                                        for s in proc.stdout.split())
+    return proc.returncode == 0 and any(s in {"idle", "mixed", "allocated", "completing"} for s in proc.stdout.split())
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +48,14 @@ def jobs():
 
     def submit(cwd: Path, array: str, grid: list[str]) -> str:
         env = {**os.environ, "DPHIL_VENV": str(VENV)}
-        proc = subprocess.run(["sbatch", "--parsable", f"--array={array}", str(SBATCH), *grid],
-                              cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            ["sbatch", "--parsable", f"--array={array}", str(SBATCH), *grid],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 0, proc.stderr
         job = proc.stdout.strip().split(";")[0]
         submitted.append(job)
@@ -76,8 +81,7 @@ def wait_for(job: str, cwd: Path) -> dict[str, str]:
     """Wait until no task of `job` is pending or running; its tasks' final states."""
     deadline = time.monotonic() + JOB_SECONDS
     while time.monotonic() < deadline:
-        queued = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], capture_output=True, text=True,
-                                timeout=60)
+        queued = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], capture_output=True, text=True, timeout=60)
         if queued.returncode == 0 and not queued.stdout.strip():
             return task_states(job)
         time.sleep(0.2)
@@ -135,7 +139,7 @@ def test_cancelled_task_resubmitted_finishes_without_duplicates(slurm, jobs, tmp
     job = jobs(tmp_path, "0-3", grid)
     victim = tmp_path / "grid.1.jsonl"
     deadline = time.monotonic() + JOB_SECONDS
-    while not (victim.exists() and b"\n" in victim.read_bytes()[:1 << 20]):
+    while not (victim.exists() and b"\n" in victim.read_bytes()[: 1 << 20]):
         assert time.monotonic() < deadline, f"task 1 wrote nothing: {task_states(job)}"
         time.sleep(0.01)
     cancel = subprocess.run(["scancel", f"{job}_1"], capture_output=True, text=True, timeout=60)
@@ -149,7 +153,7 @@ def test_cancelled_task_resubmitted_finishes_without_duplicates(slurm, jobs, tmp
     again = jobs(tmp_path, "1", grid)  # the same script and grid, just task 1 (K stays 4)
     assert wait_for(again, tmp_path) == {"1": "COMPLETED"}
     resumed = lines_of(victim)
-    assert resumed[:len(partial)] == partial  # kept, not rewritten
+    assert resumed[: len(partial)] == partial  # kept, not rewritten
     assert len(resumed) == per_shard
 
     union = [line for p in shard_files(tmp_path) for line in lines_of(p)]
@@ -163,8 +167,9 @@ def test_starting_the_cluster_again_leaves_it_running(slurm):
     files = {name: state / f"{name}.pid" for name in ("slurmctld", "slurmd")}
     need_system_part(all(f.exists() for f in files.values()), "a cluster started by samples/slurm/start-cluster.sh")
     pids = {name: f.read_text() for name, f in files.items()}
-    proc = subprocess.run(["bash", str(ROOT / "samples" / "slurm" / "start-cluster.sh")], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "samples" / "slurm" / "start-cluster.sh")], capture_output=True, text=True, timeout=120
+    )
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
     assert {name: f.read_text() for name, f in files.items()} == pids  # the same daemons
     assert cluster_up()

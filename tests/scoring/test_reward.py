@@ -33,25 +33,48 @@ def test_shaped_reward_removes_the_degenerate_maximum(protocol):
 
 
 def test_hand_computed_paper_reward():
-    turns = ([{"action": "eat"}] * 3 + [{"action": "think"}] * 4 + [{"action": None}] * 2
-             + [{"action": "pick-up-left"}] * 6)
-    reward, metrics = score(RewardSpec(), protocol="paper", n=3, rounds=5, meals=[2, 1, 0], deadlock=False,
-                            deadlock_round=None, rounds_played=5, turns=turns)
+    turns = (
+        [{"action": "eat"}] * 3 + [{"action": "think"}] * 4 + [{"action": None}] * 2 + [{"action": "pick-up-left"}] * 6
+    )
+    reward, metrics = score(
+        RewardSpec(),
+        protocol="paper",
+        n=3,
+        rounds=5,
+        meals=[2, 1, 0],
+        deadlock=False,
+        deadlock_round=None,
+        rounds_played=5,
+        turns=turns,
+    )
     c = reward["components"]
     assert c["no_deadlock"] == 1.0
     assert c["throughput"] == pytest.approx(3 / 15)
     assert c["fairness"] == pytest.approx(2 / 3)  # population variance of 2,1,0
     assert c["idle"] == pytest.approx(4 / 13)  # think / non-null turns
     assert reward["total"] == pytest.approx(1.0 + 0.5 * 0.2 - 0.3 * (2 / 3) - 0.1 * (4 / 13))
-    assert metrics == {"throughput_per_round": pytest.approx(0.6), "gini_fairness": pytest.approx(1 / 3),
-                       "starvation": 1, "time_to_deadlock": None}
+    assert metrics == {
+        "throughput_per_round": pytest.approx(0.6),
+        "gini_fairness": pytest.approx(1 / 3),
+        "starvation": 1,
+        "time_to_deadlock": None,
+    }
 
 
 def test_hand_computed_shaped_reward_and_weights():
     turns = [{"action": "think"}] * 2 + [{"action": None}] * 2 + [{"action": "eat"}] * 6
     spec = RewardSpec(variant="shaped", alpha=2.0, beta=1.0, gamma=0.0, delta=1.0, min_meals=4)
-    reward, _ = score(spec, protocol="paper", n=2, rounds=5, meals=[2, 1], deadlock=False, deadlock_round=None,
-                      rounds_played=5, turns=turns)
+    reward, _ = score(
+        spec,
+        protocol="paper",
+        n=2,
+        rounds=5,
+        meals=[2, 1],
+        deadlock=False,
+        deadlock_round=None,
+        rounds_played=5,
+        turns=turns,
+    )
     assert reward["components"]["no_deadlock"] == 0.0  # 3 meals < min_meals 4
     assert reward["components"]["idle"] == pytest.approx(4 / 10)
     assert reward["total"] == pytest.approx(0 + 1.0 * 0.3 - 0 - 0.4)
@@ -68,8 +91,17 @@ def test_deadlock_zeroes_the_bonus_and_sets_time_to_deadlock():
 
 def test_wait_is_idle_in_dpbench():
     turns = [{"action": "wait"}] * 3 + [{"action": "grab-left"}]
-    reward, _ = score(RewardSpec(), protocol="dpbench", n=2, rounds=2, meals=[0, 0], deadlock=False,
-                      deadlock_round=None, rounds_played=2, turns=turns)
+    reward, _ = score(
+        RewardSpec(),
+        protocol="dpbench",
+        n=2,
+        rounds=2,
+        meals=[0, 0],
+        deadlock=False,
+        deadlock_round=None,
+        rounds_played=2,
+        turns=turns,
+    )
     assert reward["components"]["idle"] == 0.75
 
 

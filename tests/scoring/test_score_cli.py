@@ -36,11 +36,13 @@ def write(tmp_path, name: str, data: bytes) -> str:
 def test_rollout_pipe_score_example(tmp_path):
     """The README's main example, through real processes and a real pipe."""
     out = tmp_path / "ep.jsonl"
-    rollout = subprocess.Popen([command_path("dphil-rollout"), "-m", "scripted:naive", "-n", "5",
-                                "--episodes", "30"], stdout=subprocess.PIPE)
+    rollout = subprocess.Popen(
+        [command_path("dphil-rollout"), "-m", "scripted:naive", "-n", "5", "--episodes", "30"], stdout=subprocess.PIPE
+    )
     with open(out, "wb") as fh:
-        score = subprocess.run([command_path("dphil-score"), "--shaped"], stdin=rollout.stdout, stdout=fh,
-                               stderr=subprocess.PIPE)
+        score = subprocess.run(
+            [command_path("dphil-score"), "--shaped"], stdin=rollout.stdout, stdout=fh, stderr=subprocess.PIPE
+        )
     rollout.stdout.close()
     assert rollout.wait() == 0 and score.returncode == 0, score.stderr
     with jsonlines.open(out) as reader:  # our output is ordinary JSONL for other tools too
@@ -51,8 +53,9 @@ def test_rollout_pipe_score_example(tmp_path):
 
 
 def test_scores_and_is_idempotent(tmp_path):
-    src = write(tmp_path, "ep.jsonl", lines(*(episode(p, s) for p in ("hierarchy", "random", "idle")
-                                              for s in range(3))))
+    src = write(
+        tmp_path, "ep.jsonl", lines(*(episode(p, s) for p in ("hierarchy", "random", "idle") for s in range(3)))
+    )
     first = CliRunner().invoke(score_main, [src])
     assert first.exit_code == 0, first.output
     rescored = CliRunner().invoke(score_main, ["--shaped"], input=first.stdout_bytes)
@@ -126,15 +129,18 @@ def test_bad_records_name_file_and_line(tmp_path, name, mutate, message):
     assert err.count("\n") == 1  # one line
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    (b'{"kind": "episode", "n": 5,\n', "invalid JSON"),
-    (b"[1, 2, 3]\n", "expected a JSON object, got an array"),
-    (b'"episode"\n', "expected a JSON object, got a string"),
-    (b'{"n": NaN}\n', "invalid JSON: NaN is not a JSON number"),
-    (b'{"n": Infinity}\n', "invalid JSON: Infinity is not a JSON number"),
-    (b'{"kind": "episode", "n": 5', "truncated last line"),
-    (b"\xff\xfe\n", "invalid JSON"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b'{"kind": "episode", "n": 5,\n', "invalid JSON"),
+        (b"[1, 2, 3]\n", "expected a JSON object, got an array"),
+        (b'"episode"\n', "expected a JSON object, got a string"),
+        (b'{"n": NaN}\n', "invalid JSON: NaN is not a JSON number"),
+        (b'{"n": Infinity}\n', "invalid JSON: Infinity is not a JSON number"),
+        (b'{"kind": "episode", "n": 5', "truncated last line"),
+        (b"\xff\xfe\n", "invalid JSON"),
+    ],
+)
 def test_malformed_json_is_a_data_error_with_line(data, message):
     res = CliRunner().invoke(score_main, [], input=lines(episode()) + data)
     assert res.exit_code == 65
@@ -197,8 +203,7 @@ def test_output_file_is_atomic(tmp_path):
 
 def test_head_closes_the_pipe_quietly(tmp_path):
     src = write(tmp_path, "ep.jsonl", lines(*(episode(seed=s) for s in range(3000))))
-    proc = subprocess.run(f"'{command_path('dphil-score')}' '{src}' | head -n 1", shell=True,
-                          capture_output=True)
+    proc = subprocess.run(f"'{command_path('dphil-score')}' '{src}' | head -n 1", shell=True, capture_output=True)
     assert proc.returncode == 0
     assert proc.stderr == b""
     assert json.loads(proc.stdout)["seed"] == 0
@@ -213,9 +218,11 @@ def test_stdout_is_records_only_and_lines_are_whole(tmp_path):
 
 
 def test_help_does_not_import_heavy_packages():
-    code = ("import sys; from dphil.commands.score import main; "
-            "from click.testing import CliRunner; CliRunner().invoke(main, ['--help']); "
-            "heavy = [m for m in ('litellm', 'torch', 'transformers', 'art', 'polars', 'scipy', 'peft') "
-            "if m in sys.modules]; print(heavy)")
+    code = (
+        "import sys; from dphil.commands.score import main; "
+        "from click.testing import CliRunner; CliRunner().invoke(main, ['--help']); "
+        "heavy = [m for m in ('litellm', 'torch', 'transformers', 'art', 'polars', 'scipy', 'peft') "
+        "if m in sys.modules]; print(heavy)"
+    )
     proc = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.stdout.strip() == "[]", proc.stderr

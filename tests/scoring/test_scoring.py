@@ -73,14 +73,18 @@ def test_trust_outcome_scores_recorded_numbers_and_memoises_per_outcome():
 
 def test_memo_is_skipped_for_a_model_whose_episodes_never_repeat():
     clear_memo()
-    random_records = [play(EpisodeConfig(model="scripted:random", n=5, seed=s), get_policy("random"))
-                      for s in range(episode._JUDGE_AFTER + 200)]
+    random_records = [
+        play(EpisodeConfig(model="scripted:random", n=5, seed=s), get_policy("random"))
+        for s in range(episode._JUDGE_AFTER + 200)
+    ]
     for rec in random_records:
         replay(rec)
     size = len(episode._cache)
     assert size <= episode._JUDGE_AFTER + 1  # judged after _JUDGE_AFTER lookups, then replayed directly
-    hierarchy = [play(EpisodeConfig(model="scripted:hierarchy", n=5, seed=s), get_policy("hierarchy"))
-                 for s in range(episode._JUDGE_AFTER + 200)]
+    hierarchy = [
+        play(EpisodeConfig(model="scripted:hierarchy", n=5, seed=s), get_policy("hierarchy"))
+        for s in range(episode._JUDGE_AFTER + 200)
+    ]
     for rec in hierarchy:
         assert replay(rec) == replay(copy.deepcopy(rec))
     hits, lookups = episode._usage["scripted:hierarchy"][1], episode._usage["scripted:hierarchy"][0]

@@ -27,8 +27,9 @@ def env():
 def registry(tmp_path, bases):
     path = tmp_path / "models.toml"
     listed = ", ".join(json.dumps(b) for b in bases)
-    path.write_text(f'[models.multi]\nmodel = "openai/multi"\napi_base = [{listed}]\n'
-                    'api_key_env = "DPHIL_SERVERS_KEY"\n')
+    path.write_text(
+        f'[models.multi]\nmodel = "openai/multi"\napi_base = [{listed}]\napi_key_env = "DPHIL_SERVERS_KEY"\n'
+    )
     return str(path)
 
 
@@ -38,10 +39,28 @@ def test_every_episode_completes_when_one_of_three_servers_dies(tmp_path, env):
         served_by_a = 5
         a.hold_after(served_by_a)  # a answers five calls, holds the sixth, then is killed
         proc = subprocess.Popen(
-            [command_path("dphil-rollout"), "-m", "multi", "-n", "3", "--episodes", "8",
-             "--rounds", "2", "--models", registry(tmp_path, [a.url, b.url, c.url]),
-             "--concurrency", "4", "--retries", "4", "-o", str(out)],
-            env=env, stderr=subprocess.PIPE)
+            [
+                command_path("dphil-rollout"),
+                "-m",
+                "multi",
+                "-n",
+                "3",
+                "--episodes",
+                "8",
+                "--rounds",
+                "2",
+                "--models",
+                registry(tmp_path, [a.url, b.url, c.url]),
+                "--concurrency",
+                "4",
+                "--retries",
+                "4",
+                "-o",
+                str(out),
+            ],
+            env=env,
+            stderr=subprocess.PIPE,
+        )
         try:
             assert a.wait_arrived(served_by_a + 1), "the Router never used server a"
             a.stop()  # the held call's connection drops; later ones are refused
@@ -68,11 +87,14 @@ def test_every_episode_completes_when_one_of_three_servers_dies(tmp_path, env):
     assert any(t["retries"] >= 1 for t in turns)  # the killed server's call was retried elsewhere
 
 
-@pytest.mark.parametrize(("bases", "message"), [
-    ("[]", "api_base is an empty list"),
-    ('["http://gpu1:8000/v1", "gpu2:8000"]', "api_base[1] = 'gpu2:8000' is not an http(s) URL"),
-    ('["http://gpu1:8000/v1", 8000]', "api_base[1] = 8000 is not an http(s) URL"),
-])
+@pytest.mark.parametrize(
+    ("bases", "message"),
+    [
+        ("[]", "api_base is an empty list"),
+        ('["http://gpu1:8000/v1", "gpu2:8000"]', "api_base[1] = 'gpu2:8000' is not an http(s) URL"),
+        ('["http://gpu1:8000/v1", 8000]', "api_base[1] = 8000 is not an http(s) URL"),
+    ],
+)
 def test_a_bad_list_of_servers_is_exit_78_naming_file_and_key(tmp_path, env, bases, message):
     path = tmp_path / "bad.toml"
     path.write_text(f'[models.multi]\nmodel = "openai/multi"\napi_base = {bases}\n')
@@ -84,8 +106,7 @@ def test_a_bad_list_of_servers_is_exit_78_naming_file_and_key(tmp_path, env, bas
 
 def test_servers_from_the_environment_and_urls_fit_for_records(monkeypatch):
     monkeypatch.setenv("DPHIL_MULTI_URL", "http://gpu1:8000/v1, http://gpu2:8000/v1")
-    spec = ModelSpec(name="m", model="hosted_vllm/m", api_base="http://x/v1",
-                     api_base_env="DPHIL_MULTI_URL")
+    spec = ModelSpec(name="m", model="hosted_vllm/m", api_base="http://x/v1", api_base_env="DPHIL_MULTI_URL")
     assert spec.bases == ("http://gpu1:8000/v1", "http://gpu2:8000/v1") and spec.base_url is None
     assert ModelSpec(name="m", model="m", api_base=["http://a/v1"]).bases == ("http://a/v1",)
     assert public_url("https://user:sk-secret@gpu1:8443/v1?key=abc#x") == "https://gpu1:8443/v1"

@@ -63,9 +63,32 @@ def test_one_training_step_on_real_weights_writes_an_adapter_that_changes_the_po
     # The published reward, seed 1: its two episodes score differently, so the step has a
     # gradient (under the shaped reward the base model's episodes usually tie at 0).
     # A learning rate well above the default, so one step moves probabilities visibly.
-    train = run(["dphil-train", "--backend", "peft", "--base-model", str(hf), *SMALL, "--steps", "1",
-                 "--groups", "1", "--group-size", "2", "--reward", "paper", "--seed", "1", "--lr", "1e-3",
-                 "--run-dir", str(tmp_path / "run"), "-q"], timeout=1200)
+    train = run(
+        [
+            "dphil-train",
+            "--backend",
+            "peft",
+            "--base-model",
+            str(hf),
+            *SMALL,
+            "--steps",
+            "1",
+            "--groups",
+            "1",
+            "--group-size",
+            "2",
+            "--reward",
+            "paper",
+            "--seed",
+            "1",
+            "--lr",
+            "1e-3",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "-q",
+        ],
+        timeout=1200,
+    )
     assert train.returncode == 0, train.stderr.decode()
     (ckpt,) = records(train.stdout)
     assert ckpt["step"] == 1 and ckpt["train_episodes"] == 2 and ckpt["train_errors"] == 0
@@ -76,10 +99,12 @@ def test_one_training_step_on_real_weights_writes_an_adapter_that_changes_the_po
     # The same first round with and without the adapter: the same prompts, other probabilities.
     one = ["-n", "3", "--rounds", "1", "--episodes", "1", "--threads", "2"]
     base = check_played(run(["dphil-rollout", "-m", f"hf:{hf}", *one], timeout=900), 1)
-    tuned = check_played(run(["dphil-rollout", "-m", f"hf:{hf}", "--adapter", str(adapter), *one],
-                             timeout=900), 1)
+    tuned = check_played(run(["dphil-rollout", "-m", f"hf:{hf}", "--adapter", str(adapter), *one], timeout=900), 1)
     assert tuned[0]["model"] == base[0]["model"] and tuned[0]["episode_id"] != base[0]["episode_id"]
     assert str(adapter) in json.dumps(tuned[0]) and str(adapter) not in json.dumps(base[0])
-    moved = [abs(a["action_probs"][k] - b["action_probs"][k])
-             for a, b in zip(base[0]["turns"], tuned[0]["turns"], strict=True) for k in a["action_probs"]]
+    moved = [
+        abs(a["action_probs"][k] - b["action_probs"][k])
+        for a, b in zip(base[0]["turns"], tuned[0]["turns"], strict=True)
+        for k in a["action_probs"]
+    ]
     assert max(moved) > 1e-4, moved

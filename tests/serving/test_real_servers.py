@@ -84,8 +84,10 @@ def llamacpp(real_model):
 
 @pytest.fixture(scope="module")
 def transformers_serve(real_model):
-    need_system_part(find_spec("fastapi") is not None and find_spec("uvicorn") is not None,
-                     "transformers serve (pip install -e '.[real]': transformers[serving])")
+    need_system_part(
+        find_spec("fastapi") is not None and find_spec("uvicorn") is not None,
+        "transformers serve (pip install -e '.[real]': transformers[serving])",
+    )
     _, hf_dir = real_model
     with transformers_server(hf_dir, threads=2) as server:
         yield server
@@ -98,8 +100,26 @@ def test_llamacpp_grid_with_tools_and_without(llamacpp, env):
     # Tools off: the base model writes text and dphil's text fallback reads what it can.
     env["DPHIL_GEMMA_LLAMACPP_URL"] = llamacpp.url
     tools, text = "gemma-3-270m-llamacpp", "gemma-3-270m-llamacpp-text"
-    p = run(["dphil-rollout", "-m", tools, "-m", text, "-n", "3", "--episodes", "2", "--rounds", "2",
-             *LEAN, "--concurrency", "3"], env=env, timeout=900)
+    p = run(
+        [
+            "dphil-rollout",
+            "-m",
+            tools,
+            "-m",
+            text,
+            "-n",
+            "3",
+            "--episodes",
+            "2",
+            "--rounds",
+            "2",
+            *LEAN,
+            "--concurrency",
+            "3",
+        ],
+        env=env,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr.decode()
     episodes = records(p.stdout)
     check_played(episodes, expected=4, tools={tools: True, text: False})
@@ -114,14 +134,36 @@ def test_llamacpp_grid_with_tools_and_without(llamacpp, env):
 def test_transformers_serve_grid_with_tools_and_without(transformers_serve, tmp_path, env):
     # `transformers serve` answers only to the name it was started with: the directory's path.
     model = f"hosted_vllm/{transformers_serve.model}"
-    reg = write_registry(tmp_path / "models.toml", {
-        "ts-tools": f'model = "{model}"\napi_base = "{transformers_serve.url}"\n'
-                    f"params = {TEXT_PARAMS}",
-        "ts-text": f'model = "{model}"\napi_base = "{transformers_serve.url}"\ntools = false\n'
-                   f"params = {TEXT_PARAMS}",
-    })
-    p = run(["dphil-rollout", "--models", reg, "-m", "ts-tools", "-m", "ts-text", "-n", "3",
-             "--episodes", "1", "--rounds", "1", *LEAN, "--concurrency", "3"], env=env, timeout=900)
+    reg = write_registry(
+        tmp_path / "models.toml",
+        {
+            "ts-tools": f'model = "{model}"\napi_base = "{transformers_serve.url}"\nparams = {TEXT_PARAMS}',
+            "ts-text": f'model = "{model}"\napi_base = "{transformers_serve.url}"\ntools = false\n'
+            f"params = {TEXT_PARAMS}",
+        },
+    )
+    p = run(
+        [
+            "dphil-rollout",
+            "--models",
+            reg,
+            "-m",
+            "ts-tools",
+            "-m",
+            "ts-text",
+            "-n",
+            "3",
+            "--episodes",
+            "1",
+            "--rounds",
+            "1",
+            *LEAN,
+            "--concurrency",
+            "3",
+        ],
+        env=env,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr.decode()
     check_played(records(p.stdout), expected=2, tools={"ts-tools": True, "ts-text": False})
     check_scored(p.stdout, env)
@@ -154,14 +196,33 @@ def wrong_server():
 
 
 @pytest.mark.parametrize("where", ["not-running", "wrong-server"])
-def test_no_server_at_the_url_errors_naming_it_exits_75_and_is_never_scored(where, tmp_path, env,
-                                                                             request):
+def test_no_server_at_the_url_errors_naming_it_exits_75_and_is_never_scored(where, tmp_path, env, request):
     url = f"http://127.0.0.1:{free_port()}/v1" if where == "not-running" else request.getfixturevalue("wrong_server")
-    reg = write_registry(tmp_path / "models.toml", {
-        "gone": f'model = "hosted_vllm/gemma-3-270m-q4_k_m"\napi_base = "{url}"\nparams = {TEXT_PARAMS}',
-    })
-    p = run(["dphil-rollout", "--models", reg, "-m", "gone", "-n", "3", "--episodes", "2",
-             "--rounds", "2", "--retries", "1", "-q"], env=env)
+    reg = write_registry(
+        tmp_path / "models.toml",
+        {
+            "gone": f'model = "hosted_vllm/gemma-3-270m-q4_k_m"\napi_base = "{url}"\nparams = {TEXT_PARAMS}',
+        },
+    )
+    p = run(
+        [
+            "dphil-rollout",
+            "--models",
+            reg,
+            "-m",
+            "gone",
+            "-n",
+            "3",
+            "--episodes",
+            "2",
+            "--rounds",
+            "2",
+            "--retries",
+            "1",
+            "-q",
+        ],
+        env=env,
+    )
     assert p.returncode == 75, p.stderr.decode()
     episodes = records(p.stdout)
     assert len(episodes) == 2
@@ -214,18 +275,29 @@ def test_registry_refuses_an_unknown_tool_choice(tmp_path):
 
 def gguf_header(arch: str, template: bool) -> bytes:
     """A GGUF file's start: magic, version 3, no tensors, then key/value pairs."""
+
     def string(s: str) -> bytes:
         return len(s.encode()).to_bytes(8, "little") + s.encode()
 
-    kvs = [string("general.architecture") + (8).to_bytes(4, "little") + string(arch),
-           string("tokenizer.ggml.scores") + (9).to_bytes(4, "little") + (6).to_bytes(4, "little")
-           + (3).to_bytes(8, "little") + b"\0" * 12,
-           string("tokenizer.ggml.tokens") + (9).to_bytes(4, "little") + (8).to_bytes(4, "little")
-           + (2).to_bytes(8, "little") + string("<bos>") + string("hi")]
+    kvs = [
+        string("general.architecture") + (8).to_bytes(4, "little") + string(arch),
+        string("tokenizer.ggml.scores")
+        + (9).to_bytes(4, "little")
+        + (6).to_bytes(4, "little")
+        + (3).to_bytes(8, "little")
+        + b"\0" * 12,
+        string("tokenizer.ggml.tokens")
+        + (9).to_bytes(4, "little")
+        + (8).to_bytes(4, "little")
+        + (2).to_bytes(8, "little")
+        + string("<bos>")
+        + string("hi"),
+    ]
     if template:
         kvs.append(string("tokenizer.chat_template") + (8).to_bytes(4, "little") + string("{{ x }}"))
-    return (b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little")
-            + len(kvs).to_bytes(8, "little") + b"".join(kvs))
+    return (
+        b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little") + len(kvs).to_bytes(8, "little") + b"".join(kvs)
+    )
 
 
 def test_llamacpp_reads_the_architecture_and_supplies_a_template_only_when_missing(tmp_path):
@@ -240,11 +312,14 @@ def test_llamacpp_reads_the_architecture_and_supplies_a_template_only_when_missi
     assert default_template(own) is None
 
 
-@pytest.mark.parametrize(("content", "code", "says"), [
-    (None, 66, "no such GGUF file"),
-    (b"not a gguf at all", 65, "not a readable GGUF file (no GGUF magic)"),
-    (b"GGUF\x03\x00\x00\x00" + b"\xff" * 40, 65, "not a readable GGUF file"),
-])
+@pytest.mark.parametrize(
+    ("content", "code", "says"),
+    [
+        (None, 66, "no such GGUF file"),
+        (b"not a gguf at all", 65, "not a readable GGUF file (no GGUF magic)"),
+        (b"GGUF\x03\x00\x00\x00" + b"\xff" * 40, 65, "not a readable GGUF file"),
+    ],
+)
 def test_llamacpp_refuses_a_missing_or_broken_file_in_one_line(tmp_path, content, code, says):
     import subprocess
     import sys
@@ -252,8 +327,11 @@ def test_llamacpp_refuses_a_missing_or_broken_file_in_one_line(tmp_path, content
     path = tmp_path / "model.gguf"
     if content is not None:
         path.write_bytes(content)
-    p = subprocess.run([sys.executable, "-m", "dphil.serving.llamacpp", "-m", str(path), "--port", str(free_port())],
-                       capture_output=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "dphil.serving.llamacpp", "-m", str(path), "--port", str(free_port())],
+        capture_output=True,
+        timeout=60,
+    )
     assert p.returncode == code
     err = p.stderr.decode()
     assert err.count("\n") == 1 and says in err and str(path) in err
@@ -264,10 +342,14 @@ def test_a_server_that_dies_before_answering_is_reported_with_its_log():
 
     from dphil.serving.processes import LocalServer, ServerError
 
-    s = LocalServer([sys.executable, "-c", "print('no model here'); raise SystemExit(3)"], "m", free_port(),
-                    name="dying")
-    with pytest.raises(ServerError, match=r"dying exited with status 3 before answering on http://127\.0\.0\.1:\d+/v1: "
-                                          r"no model here"):
+    s = LocalServer(
+        [sys.executable, "-c", "print('no model here'); raise SystemExit(3)"], "m", free_port(), name="dying"
+    )
+    with pytest.raises(
+        ServerError,
+        match=r"dying exited with status 3 before answering on http://127\.0\.0\.1:\d+/v1: "
+        r"no model here",
+    ):
         s.start(timeout=60)
     assert s.process.poll() == 3 and s.log_path is None  # stopped, its log removed
 

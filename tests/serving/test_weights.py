@@ -143,7 +143,8 @@ def test_real_model_is_verified_and_converted(real_model):
     config = json.loads((hf / "config.json").read_text())
     assert "quantization_config" not in config
     assert "<start_of_turn>" in (hf / "tokenizer_config.json").read_text() + "".join(
-        p.read_text() for p in hf.glob("chat_template.*"))
+        p.read_text() for p in hf.glob("chat_template.*")
+    )
     # A second run only verifies: it prints the same directory.
     again = run(["dphil-weights", "-q"])
     assert again.returncode == 0 and again.stdout.decode().strip() == str(hf)

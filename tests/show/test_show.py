@@ -184,8 +184,17 @@ def test_every_sample_renders_in_every_format(tmp_path):
 def test_records_that_are_not_episodes_are_skipped_with_their_line(scripted, tmp_path):
     mixed = tmp_path / "mixed.jsonl"
     lines = scripted.read_text().splitlines()
-    mixed.write_text("\n".join([json.dumps({"kind": "checkpoint", "run": "r", "step": 1}), lines[0],
-                                "not json", json.dumps({"kind": "cell", "model": "m"})]) + "\n")
+    mixed.write_text(
+        "\n".join(
+            [
+                json.dumps({"kind": "checkpoint", "run": "r", "step": 1}),
+                lines[0],
+                "not json",
+                json.dumps({"kind": "cell", "model": "m"}),
+            ]
+        )
+        + "\n"
+    )
     p = run(["dphil-show", "--all", str(mixed)])
     assert p.returncode == 0
     err = p.stderr.decode()
@@ -238,8 +247,14 @@ def test_usage_errors_exit_64(scripted):
 
 def test_head_closes_the_pipe_quietly(scripted):
     big = b"".join([scripted.read_bytes()] * 200)
-    p = subprocess.run(f"{command_path('dphil-show')} --all --limit 0 | head -3", shell=True, input=big,
-                       capture_output=True, timeout=60, executable="/bin/bash")
+    p = subprocess.run(
+        f"{command_path('dphil-show')} --all --limit 0 | head -3",
+        shell=True,
+        input=big,
+        capture_output=True,
+        timeout=60,
+        executable="/bin/bash",
+    )
     assert p.returncode == 0
     assert len(p.stdout.decode().splitlines()) == 3
     assert p.stderr == b""
@@ -247,22 +262,27 @@ def test_head_closes_the_pipe_quietly(scripted):
 
 def test_does_not_import_heavy_libraries(scripted, tmp_path):
     page = tmp_path / "page.html"  # a file of the test's own: never a device such as /dev/null
-    code = ("import sys\nfrom dphil.commands.show import main\n"
-            f"rc = main([{str(scripted)!r}, '-f', 'html', '-o', {str(page)!r}], standalone_mode=False)\n"
-            "heavy = [m for m in ('polars', 'litellm', 'torch', 'transformers', 'numpy', 'scipy', 'matplotlib')"
-            " if m in sys.modules]\nassert rc == 0 and not heavy, (rc, heavy)\n")
+    code = (
+        "import sys\nfrom dphil.commands.show import main\n"
+        f"rc = main([{str(scripted)!r}, '-f', 'html', '-o', {str(page)!r}], standalone_mode=False)\n"
+        "heavy = [m for m in ('polars', 'litellm', 'torch', 'transformers', 'numpy', 'scipy', 'matplotlib')"
+        " if m in sys.modules]\nassert rc == 0 and not heavy, (rc, heavy)\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
     assert p.returncode == 0, p.stderr
 
 
 def peak_rss_kib(args: list[str], **kwargs) -> tuple[int, subprocess.CompletedProcess]:
     """Run a command as the only child of a fresh Python and return its peak resident memory."""
-    wrapper = ("import resource, subprocess, sys\n"
-               "p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)\n"
-               "sys.stderr.buffer.write(p.stderr)\n"
-               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\nsys.exit(p.returncode)\n")
-    p = subprocess.run([sys.executable, "-c", wrapper, command_path(args[0]), *args[1:]], capture_output=True,
-                       timeout=600, **kwargs)
+    wrapper = (
+        "import resource, subprocess, sys\n"
+        "p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)\n"
+        "sys.stderr.buffer.write(p.stderr)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\nsys.exit(p.returncode)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", wrapper, command_path(args[0]), *args[1:]], capture_output=True, timeout=600, **kwargs
+    )
     return int(p.stdout.decode().split()[-1]), p
 
 
@@ -270,8 +290,22 @@ def peak_rss_kib(args: list[str], **kwargs) -> tuple[int, subprocess.CompletedPr
 def test_a_100000_episode_file_streams_in_bounded_memory(tmp_path):
     big = tmp_path / "big.jsonl"
     with big.open("wb") as fh:
-        p = subprocess.run([command_path("dphil-rollout"), "-q", "-m", "scripted:naive", "-m", "scripted:hierarchy",
-                            "-n", "5", "--episodes", "50000"], stdout=fh, timeout=600)
+        p = subprocess.run(
+            [
+                command_path("dphil-rollout"),
+                "-q",
+                "-m",
+                "scripted:naive",
+                "-m",
+                "scripted:hierarchy",
+                "-n",
+                "5",
+                "--episodes",
+                "50000",
+            ],
+            stdout=fh,
+            timeout=600,
+        )
     assert p.returncode == 0
     small = tmp_path / "small.jsonl"
     with big.open("rb") as src:
@@ -294,16 +328,19 @@ def test_a_100000_episode_file_streams_in_bounded_memory(tmp_path):
     assert page < base + 40 * 1024, (base, page)
 
 
-@pytest.mark.parametrize("change, shown", [
-    (lambda r: r.update(deadlock_mode="sometimes"), False),
-    (lambda r: r.update(n=10**9), False),  # claims a vast table: refused, not allocated
-    (lambda r: r["turns"][0].pop("action"), False),
-    (lambda r: r["turns"].__setitem__(0, "eat"), False),
-    (lambda r: r.update(rounds=10**9), True),  # drawn with a few empty columns, not a billion
-    (lambda r: r["reward"].update(components="high"), True),
-    (lambda r: r.update(model=["a", "list"], prompt={"x": 1}), True),
-    (lambda r: r.update(seed=None), False),
-])
+@pytest.mark.parametrize(
+    "change, shown",
+    [
+        (lambda r: r.update(deadlock_mode="sometimes"), False),
+        (lambda r: r.update(n=10**9), False),  # claims a vast table: refused, not allocated
+        (lambda r: r["turns"][0].pop("action"), False),
+        (lambda r: r["turns"].__setitem__(0, "eat"), False),
+        (lambda r: r.update(rounds=10**9), True),  # drawn with a few empty columns, not a billion
+        (lambda r: r["reward"].update(components="high"), True),
+        (lambda r: r.update(model=["a", "list"], prompt={"x": 1}), True),
+        (lambda r: r.update(seed=None), False),
+    ],
+)
 def test_malformed_records_are_refused_or_drawn_never_a_crash(scripted, tmp_path, change, shown):
     rec = records(scripted)[1]
     change(rec)

@@ -26,7 +26,8 @@ def keep(png: Path, name: str) -> None:
         Path(target).mkdir(parents=True, exist_ok=True)
         with Image.open(png) as im:
             im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(
-                Path(target) / name, optimize=True)
+                Path(target) / name, optimize=True
+            )
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +73,8 @@ def test_the_page_renders_offline_without_errors(files, b):
     assert page.locator("#count").inner_text() == "8 of 8 episodes"
     # Every mark is drawn: one per philosopher and round played.
     assert page.locator("section.episode .mark").count() == sum(
-        int(s.get_attribute("data-n")) * int(s.locator("svg").get_attribute("data-rounds"))
-        for s in sections.all())
+        int(s.get_attribute("data-n")) * int(s.locator("svg").get_attribute("data-rounds")) for s in sections.all()
+    )
     assert page.evaluate("window.pwned === undefined")  # a model's reply is shown, never run
     assert b.problems == []
     assert browser.non_blank(png)

@@ -32,9 +32,17 @@ from tests.support.commands import need_system_part
 CHROMIUM = os.environ.get("DPHIL_CHROMIUM", "/usr/bin/chromium")
 # What this machine's closed network needs (see the project notes): no background
 # connections, no sync, no component updates, no QUIC; root needs --no-sandbox.
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 
 def available() -> bool:
@@ -77,8 +85,9 @@ class Session:
         page.goto(url, wait_until="load")
         return page
 
-    def screenshot(self, page, path: str | os.PathLike | None = None, *, full_page: bool = True,
-                   selector: str | None = None) -> bytes:
+    def screenshot(
+        self, page, path: str | os.PathLike | None = None, *, full_page: bool = True, selector: str | None = None
+    ) -> bytes:
         """A PNG of the page (or of one element), also saved to `path` when given."""
         target = page.locator(selector).first if selector else page
         kwargs = {"path": str(path)} if path is not None else {}
@@ -98,8 +107,9 @@ def session(profile: str | os.PathLike | None = None) -> Iterator[Session]:
     with contextlib.ExitStack() as stack:
         folder = Path(profile) if profile else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         pw = stack.enter_context(sync_playwright())
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS,
-                                     env={**os.environ, "HOME": str(folder)})
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=FLAGS, env={**os.environ, "HOME": str(folder)}
+        )
         stack.callback(browser.close)
         yield Session(browser, folder)
 

@@ -23,11 +23,18 @@ def command_path(name: str) -> str:
     return found
 
 
-def run(args: list[str], *, input: bytes | None = None, cwd: str | os.PathLike | None = None,
-        env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def run(
+    args: list[str],
+    *,
+    input: bytes | None = None,
+    cwd: str | os.PathLike | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess:
     """Run an installed dphil command as a real subprocess."""
-    return subprocess.run([command_path(args[0]), *args[1:]], input=input, capture_output=True,
-                          cwd=cwd, env=env, timeout=timeout)
+    return subprocess.run(
+        [command_path(args[0]), *args[1:]], input=input, capture_output=True, cwd=cwd, env=env, timeout=timeout
+    )
 
 
 # A short system prompt keeps every forward pass small on a CPU (the train tests' `prompt_file`).

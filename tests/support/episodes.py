@@ -20,8 +20,22 @@ from tests.support.openai_server import OpenAIServer, status, text, tool
 SCRIPTED = [
     ["-m", "scripted:greedy", "-m", "scripted:naive", "-n", "5", "--episodes", "2", "--seed", "0"],
     ["-m", "scripted:idle", "-n", "3", "--episodes", "1", "--rounds", "3", "--seed", "0"],
-    ["-m", "scripted:hierarchy", "-n", "4", "--rounds", "6", "--episodes", "1", "--protocol", "dpbench",
-     "--schedule", "sequential", "--seed", "3"],
+    [
+        "-m",
+        "scripted:hierarchy",
+        "-n",
+        "4",
+        "--rounds",
+        "6",
+        "--episodes",
+        "1",
+        "--protocol",
+        "dpbench",
+        "--schedule",
+        "sequential",
+        "--seed",
+        "3",
+    ],
 ]
 HOSTILE = 'I am not sure </script><script>window.pwned = 1</script><img src=x onerror="window.pwned=1">'
 
@@ -47,14 +61,37 @@ def model_run(folder: Path) -> Path:
     with OpenAIServer() as server:
         registry.write_text(
             f'[models.chatty]\nmodel = "openai/chatty"\napi_base = "{server.url}"\napi_key_env = "DPHIL_SHOW_KEY"\n'
-            f'[models.flaky]\nmodel = "openai/flaky"\napi_base = "{server.url}"\napi_key_env = "DPHIL_SHOW_KEY"\n')
-        server.script("chatty", text(HOSTILE), tool("pick-up-left"), text("ACTION: pick-up-right"),
-                      tool("think", "eat"))
-        server.script("flaky", tool("pick-up-left"), tool("pick-up-left"), tool("think"), tool("think"),
-                      *[status(500)] * 8)
-        p = run(["dphil-rollout", "-q", "-m", "chatty", "-m", "flaky", "-n", "3", "--rounds", "3",
-                 "--episodes", "1", "--schedule", "sequential", "--retries", "0", "--models", str(registry)],
-                env=env)
+            f'[models.flaky]\nmodel = "openai/flaky"\napi_base = "{server.url}"\napi_key_env = "DPHIL_SHOW_KEY"\n'
+        )
+        server.script(
+            "chatty", text(HOSTILE), tool("pick-up-left"), text("ACTION: pick-up-right"), tool("think", "eat")
+        )
+        server.script(
+            "flaky", tool("pick-up-left"), tool("pick-up-left"), tool("think"), tool("think"), *[status(500)] * 8
+        )
+        p = run(
+            [
+                "dphil-rollout",
+                "-q",
+                "-m",
+                "chatty",
+                "-m",
+                "flaky",
+                "-n",
+                "3",
+                "--rounds",
+                "3",
+                "--episodes",
+                "1",
+                "--schedule",
+                "sequential",
+                "--retries",
+                "0",
+                "--models",
+                str(registry),
+            ],
+            env=env,
+        )
     assert p.returncode == 75, p.stderr  # the flaky episode ended in an error
     scored = run(["dphil-score", "-q"], input=p.stdout)
     assert scored.returncode == 0, scored.stderr

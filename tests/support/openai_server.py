@@ -172,8 +172,7 @@ class OpenAIServer:
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             if self.keep_requests:
                 self.requests.append(
-                    {"body": body, "authorization": request.headers.get("Authorization"),
-                     "time": time.monotonic()}
+                    {"body": body, "authorization": request.headers.get("Authorization"), "time": time.monotonic()}
                 )
             self._changed.notify_all()
         try:
@@ -209,9 +208,11 @@ class OpenAIServer:
             return web.Response(status=500)  # never reaches the client
         if reply.kind == "status":
             headers = {"Retry-After": reply.retry_after} if reply.retry_after else {}
-            err = reply.body if reply.body is not None else {
-                "error": {"message": f"scripted {reply.code}", "type": "server_error",
-                          "code": str(reply.code)}}
+            err = (
+                reply.body
+                if reply.body is not None
+                else {"error": {"message": f"scripted {reply.code}", "type": "server_error", "code": str(reply.code)}}
+            )
             return web.json_response(err, status=reply.code, headers=headers)
         if reply.kind == "big":
             return await _stream_big(request, body, reply.size)
@@ -297,8 +298,7 @@ def _completion(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
         message["reasoning_content"] = reply.reasoning
     if reply.tools:
         message["tool_calls"] = [
-            {"id": f"call_{k}", "type": "function",
-             "function": {"name": name, "arguments": arguments}}
+            {"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": arguments}}
             for k, (name, arguments) in enumerate(reply.tools)
         ]
     if reply.usage is not None:
@@ -311,10 +311,8 @@ def _completion(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": body.get("model", "test"),
-        "choices": [{"index": 0, "message": message,
-                     "finish_reason": "tool_calls" if reply.tools else "stop"}],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                  "total_tokens": prompt + completion},
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if reply.tools else "stop"}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
     }
 
 
@@ -322,11 +320,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--latency", type=float, default=0.0)
-    parser.add_argument("--capacity", type=int, default=None,
-                        help="requests handled at once (like a GPU server's batch)")
+    parser.add_argument(
+        "--capacity", type=int, default=None, help="requests handled at once (like a GPU server's batch)"
+    )
     args = parser.parse_args()
-    server = OpenAIServer(latency=args.latency, port=args.port, keep_requests=False,
-                          capacity=args.capacity).start()
+    server = OpenAIServer(latency=args.latency, port=args.port, keep_requests=False, capacity=args.capacity).start()
     print(server.url, flush=True)
     try:
         threading.Event().wait()

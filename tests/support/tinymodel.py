@@ -129,7 +129,9 @@ def build_tiny_model(
     )
     if architecture == "gemma3":
         config = Gemma3TextConfig(
-            **common, num_key_value_heads=1, sliding_window=sliding_window,
+            **common,
+            num_key_value_heads=1,
+            sliding_window=sliding_window,
             layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
             final_logit_softcapping=30.0,
         )

@@ -35,8 +35,21 @@ def test_bad_advantage_options_exit_64_before_loading_a_model(tmp_path, extra, m
 
 def test_step_mode_is_recorded_in_every_checkpoint_and_the_run_settings(tiny, prompt_file, tmp_path):
     run_dir = tmp_path / "run"
-    args = base_args(tiny, prompt_file, run_dir, "--steps", "2", "--rounds", "3",
-                     "--advantage", "step", "--advantage-gamma", "0.9", "--advantage-weight", "0.5")
+    args = base_args(
+        tiny,
+        prompt_file,
+        run_dir,
+        "--steps",
+        "2",
+        "--rounds",
+        "3",
+        "--advantage",
+        "step",
+        "--advantage-gamma",
+        "0.9",
+        "--advantage-weight",
+        "0.5",
+    )
     result, records = invoke(args)
     assert result.exit_code == 0, result.stderr
     import jsonschema
@@ -53,14 +66,14 @@ def test_step_mode_is_recorded_in_every_checkpoint_and_the_run_settings(tiny, pr
     settings = json.loads((run_dir / "run.json").read_text())
     assert settings["advantage"] == {"mode": "step", "gamma": 0.9, "weight": 0.5}
     # Resuming under another credit assignment is refused, naming it.
-    bad, recs = invoke(base_args(tiny, prompt_file, run_dir, "--steps", "3", "--rounds", "3",
-                                 "--advantage", "philosopher"))
+    bad, recs = invoke(
+        base_args(tiny, prompt_file, run_dir, "--steps", "3", "--rounds", "3", "--advantage", "philosopher")
+    )
     assert bad.exit_code == 64 and recs == [] and "advantage" in bad.stderr
 
 
 def test_philosopher_mode_and_the_default(tiny, prompt_file, tmp_path):
-    result, records = invoke(base_args(tiny, prompt_file, tmp_path / "p", "--steps", "1",
-                                       "--advantage", "philosopher"))
+    result, records = invoke(base_args(tiny, prompt_file, tmp_path / "p", "--steps", "1", "--advantage", "philosopher"))
     assert result.exit_code == 0, result.stderr
     assert records[0]["advantage"] == {"mode": "philosopher"}
     assert records[0]["advantage_groups"] == 2 * 3  # groups x seats
@@ -91,8 +104,9 @@ def test_peft_trains_on_each_turn_with_its_own_advantage(tiny, prompt_file, tmp_
     from dphil.train.loop import ScoredGroup
     from dphil.train.peft_backend import PeftBackend, PeftSettings
 
-    backend = PeftBackend(PeftSettings(base_model=str(tiny), prompt=get_prompt("default", str(prompt_file)),
-                                       memory=0, learning_rate=1e-2))
+    backend = PeftBackend(
+        PeftSettings(base_model=str(tiny), prompt=get_prompt("default", str(prompt_file)), memory=0, learning_rate=1e-2)
+    )
     configs = [EpisodeConfig(model="hf:t", n=2, rounds=2, seed=5) for _ in range(2)]
     played = backend.rollout(configs, seed=3)
     turns = [len(p.record["turns"]) for p in played]

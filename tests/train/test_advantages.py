@@ -27,11 +27,21 @@ from dphil.train.advantages import (
 )
 
 
-def play(rounds_actions, *, n=2, rounds=3, seed=1, protocol="paper", schedule="simultaneous",
-         conflict="lowest-id", variant="shaped"):
+def play(
+    rounds_actions,
+    *,
+    n=2,
+    rounds=3,
+    seed=1,
+    protocol="paper",
+    schedule="simultaneous",
+    conflict="lowest-id",
+    variant="shaped",
+):
     """A scored episode record from the actions of each round (seat order)."""
-    c = EpisodeConfig(model="test", n=n, rounds=rounds, seed=seed, protocol=protocol,
-                      schedule=schedule, conflict=conflict)
+    c = EpisodeConfig(
+        model="test", n=n, rounds=rounds, seed=seed, protocol=protocol, schedule=schedule, conflict=conflict
+    )
     t = new_table(c)
     for acts in rounds_actions:
         if t.over:
@@ -150,11 +160,17 @@ def test_a_group_whose_returns_all_tie_gets_zero_advantages_and_is_counted(mode)
     assert adv.tied == adv.groups >= 1 and adv.episode_tied
 
 
-@pytest.mark.parametrize("bad", [
-    {"mode": "team"}, {"mode": "step", "gamma": 1.5}, {"mode": "step", "gamma": -0.1},
-    {"mode": "step", "weight": -1.0}, {"mode": "step", "weight": math.inf},
-    {"mode": "step", "gamma": math.nan},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"mode": "team"},
+        {"mode": "step", "gamma": 1.5},
+        {"mode": "step", "gamma": -0.1},
+        {"mode": "step", "weight": -1.0},
+        {"mode": "step", "weight": math.inf},
+        {"mode": "step", "gamma": math.nan},
+    ],
+)
 def test_bad_specs_are_refused(bad):
     with pytest.raises(ValueError):
         AdvantageSpec(**bad)
@@ -162,8 +178,7 @@ def test_bad_specs_are_refused(bad):
 
 def test_a_group_needs_episodes_of_one_table_size():
     with pytest.raises(ValueError, match="table size"):
-        turn_advantages([play([["think", "think"]] * 3), play([["think"] * 3] * 3, n=3)],
-                        AdvantageSpec("philosopher"))
+        turn_advantages([play([["think", "think"]] * 3), play([["think"] * 3] * 3, n=3)], AdvantageSpec("philosopher"))
 
 
 # -- properties --------------------------------------------------------------------------------
@@ -175,10 +190,15 @@ def groups(draw):
     protocol = draw(st.sampled_from(["paper", "dpbench"]))
     n = draw(st.integers(2, 4))
     rounds = draw(st.integers(1, 4))
-    config = dict(n=n, rounds=rounds, seed=draw(st.integers(0, 99)), protocol=protocol,
-                  schedule=draw(st.sampled_from(["simultaneous", "sequential"])),
-                  conflict=draw(st.sampled_from(["random", "lowest-id"])),
-                  variant=draw(st.sampled_from(["paper", "shaped"])))
+    config = dict(
+        n=n,
+        rounds=rounds,
+        seed=draw(st.integers(0, 99)),
+        protocol=protocol,
+        schedule=draw(st.sampled_from(["simultaneous", "sequential"])),
+        conflict=draw(st.sampled_from(["random", "lowest-id"])),
+        variant=draw(st.sampled_from(["paper", "shaped"])),
+    )
     action = st.sampled_from([*protocol_actions(protocol), None])
     size = draw(st.integers(2, 5))
     episodes = []

@@ -94,8 +94,7 @@ CHILD = CHILD_PREAMBLE + CHILD_BODY + "\ncheck()\nprint('ok')\n"
 
 
 def test_one_trajectory_per_philosopher_and_one_group_per_scenario():
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
-                          timeout=240, check=False)
+    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=240, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
 

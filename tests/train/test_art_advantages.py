@@ -77,7 +77,8 @@ print("ok")
 
 
 def test_art_receives_exactly_dphils_advantages_in_every_mode():
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
-                          timeout=900, check=False, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=900, check=False, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")

@@ -24,9 +24,14 @@ pytestmark = pytest.mark.slow
 
 
 def smoke(work: Path, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "bench" / "recipes.py"), "--smoke",
-                           "--work", str(work), "--out", str(out)],
-                          capture_output=True, text=True, timeout=1500, cwd=ROOT, check=False)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "recipes.py"), "--smoke", "--work", str(work), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        cwd=ROOT,
+        check=False,
+    )
 
 
 def test_the_recipe_experiment_runs_end_to_end_and_resumes(tmp_path):

@@ -48,9 +48,7 @@ def test_loss_pushes_up_positive_advantage_tokens_and_clips():
     assert stats["tokens"] == 3.0 and stats["clip_fraction"] == 0.0
     # A ratio far above 1 + eps with a positive advantage is clipped: no gradient, counted.
     lp2 = torch.tensor([[0.0]], requires_grad=True)
-    loss2, stats2 = grpo_loss(
-        lp2, torch.tensor([[-1.0]]), torch.tensor([1.0]), torch.ones(1, 1), clip_epsilon=0.2
-    )
+    loss2, stats2 = grpo_loss(lp2, torch.tensor([[-1.0]]), torch.tensor([1.0]), torch.ones(1, 1), clip_epsilon=0.2)
     loss2.backward()
     assert lp2.grad.item() == 0.0 and stats2["clip_fraction"] == 1.0
     assert loss2.item() == pytest.approx(-1.2)
@@ -76,10 +74,7 @@ def test_micro_batches_sum_to_the_full_batch_loss():
     full, _ = grpo_loss(lp, old, adv, mask)
     total = mask.sum().item()
     parts = sum(
-        grpo_loss(lp[i : i + 2], old[i : i + 2], adv[i : i + 2], mask[i : i + 2], normaliser=total)[
-            0
-        ]
-        for i in (0, 2)
+        grpo_loss(lp[i : i + 2], old[i : i + 2], adv[i : i + 2], mask[i : i + 2], normaliser=total)[0] for i in (0, 2)
     )
     assert parts.item() == pytest.approx(full.item(), rel=1e-6)
 

@@ -58,8 +58,16 @@ def test_event_files_hold_every_checkpoint_number_per_step(tiny, prompt_file, tm
         assert events[tag] == pytest.approx(per_step, rel=1e-6, abs=1e-7), tag
 
     # The metrics the issue names are all there, validation only where it ran.
-    for tag in ("train/reward", "train/meals", "train/deadlock_rate", "train/zero_std_groups",
-                "loss/loss", "loss/kl", "optim/learning_rate", "time/seconds_per_step"):
+    for tag in (
+        "train/reward",
+        "train/meals",
+        "train/deadlock_rate",
+        "train/zero_std_groups",
+        "loss/loss",
+        "loss/kl",
+        "optim/learning_rate",
+        "time/seconds_per_step",
+    ):
         assert sorted(events[tag]) == [1, 2, 3], tag
     # Validation ran every 2 steps and at each invocation's last step (1, 2, 3 here).
     validated = [r["step"] for r in records if "val_reward" in r]
@@ -75,10 +83,16 @@ def test_event_files_hold_every_checkpoint_number_per_step(tiny, prompt_file, tm
 
 def test_every_tag_names_a_checkpoint_field():
     assert len(set(SCALARS.values())) == len(SCALARS)
-    record = {"step": 4, "train_reward": 0.5, "kl": None, "zero_std_groups": 1, "groups": 2,
-              "val_reward_by_n": {"5": 0.25, "10": None}, "deadlock": True}
-    assert scalars(record) == {"train/reward": 0.5, "train/zero_std_groups": 1.0,
-                               "val/reward_n5": 0.25}
+    record = {
+        "step": 4,
+        "train_reward": 0.5,
+        "kl": None,
+        "zero_std_groups": 1,
+        "groups": 2,
+        "val_reward_by_n": {"5": 0.25, "10": None},
+        "deadlock": True,
+    }
+    assert scalars(record) == {"train/reward": 0.5, "train/zero_std_groups": 1.0, "val/reward_n5": 0.25}
 
 
 def test_without_the_flag_tensorboard_is_never_imported(tiny, prompt_file, tmp_path):

@@ -166,14 +166,10 @@ def test_episodes_out_keeps_every_training_episode_scored_and_replayable(full_ru
     for r in records:
         mine = [e["reward"]["total"] for e in train if e["train_step"] == r["step"]]
         assert r["train_reward"] == pytest.approx(sum(mine) / len(mine))
-        assert sorted({e["seed"] for e in train if e["train_step"] == r["step"]}) == sorted(
-            r["train_seeds"]
-        )
+        assert sorted({e["seed"] for e in train if e["train_step"] == r["step"]}) == sorted(r["train_seeds"])
 
 
-def test_resume_continues_without_duplicates_and_matches_a_straight_run(
-    full_run, tiny, prompt_file, tmp_path
-):
+def test_resume_continues_without_duplicates_and_matches_a_straight_run(full_run, tiny, prompt_file, tmp_path):
     _, _, straight = full_run
     run_dir, ep = tmp_path / "run", tmp_path / "ep.jsonl"
     common = ("--val-every", "2", "--val-seeds", "900-901", "--episodes-out", str(ep))
