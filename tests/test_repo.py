@@ -33,3 +33,10 @@ def test_ruff_is_clean():
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ruff_format_is_clean():
+    proc = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", str(ROOT)], capture_output=True, text=True, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
