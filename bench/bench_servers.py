@@ -43,7 +43,7 @@ from dphil.agents.registry import Registry  # noqa: E402
 from dphil.agents.tools import tool_specs  # noqa: E402
 from dphil.core.table import PROTOCOLS, Table  # noqa: E402
 from dphil.io.console_scripts import locate  # noqa: E402
-from dphil.serving.processes import LocalServer, llamacpp_server, transformers_server  # noqa: E402
+from dphil.serving.processes import SERVERS, LocalServer  # noqa: E402
 
 ACTIONS = set(PROTOCOLS["paper"])
 BASELINES = ("scripted:random", "scripted:naive", "scripted:hierarchy", "scripted:idle")
@@ -220,9 +220,32 @@ def transformers_registry(path: Path, server: LocalServer, llamacpp: Registry) -
     return {"tools": "gemma-3-270m-transformers", "text": "gemma-3-270m-transformers-text"}
 
 
+def llamacpp_registry(server: LocalServer, out: Path, registry: Registry) -> tuple[dict, Registry, dict]:
+    """The built-in llama.cpp entries, pointed at this server by their URL variable."""
+    return LLAMACPP_ALIASES, registry, {"DPHIL_GEMMA_LLAMACPP_URL": server.url}
+
+
+def transformers_server_registry(server: LocalServer, out: Path, registry: Registry) -> tuple[dict, Registry, dict]:
+    reg = out / "transformers.toml"
+    aliases = transformers_registry(reg, server, registry)
+    return aliases, Registry.load([reg], use_env=False), {"DPHIL_MODELS": str(reg)}
+
+
+# How the bench names each server of `dphil.serving.processes.SERVERS` to dphil-rollout: a server
+# added there without an entry here fails `choices()` (and tests/test_extension_points.py).
+REGISTRIES = {"llamacpp": llamacpp_registry, "transformers": transformers_server_registry}
+
+
+def choices() -> list[str]:
+    missing = set(SERVERS) - set(REGISTRIES)
+    if missing:
+        raise SystemExit(f"bench_servers: no registry for server(s) {', '.join(sorted(missing))}")
+    return list(SERVERS)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--servers", default="llamacpp,transformers")
+    ap.add_argument("--servers", default=",".join(choices()), help="comma-separated, from: " + ", ".join(choices()))
     ap.add_argument("--episodes", type=int, default=3)
     ap.add_argument("--prompt", default="default", help="dphil's prompt variant (minimal: half the tokens)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -241,34 +264,12 @@ def main() -> None:
     registry = Registry.load(use_env=False)
     results = []
     env = {"DPHIL_MODELS": ""}
-    if "llamacpp" in args.servers:
-        with llamacpp_server(gguf, parallel=args.parallel, threads=args.threads) as server:
-            results.append(
-                bench_server(
-                    "llama.cpp",
-                    server,
-                    LLAMACPP_ALIASES,
-                    registry,
-                    args,
-                    {**env, "DPHIL_GEMMA_LLAMACPP_URL": server.url},
-                    episodes,
-                )
-            )
-    if "transformers" in args.servers:
-        with transformers_server(hf_dir, threads=args.threads) as server:
-            reg = out / "transformers.toml"
-            aliases = transformers_registry(reg, server, registry)
-            results.append(
-                bench_server(
-                    "transformers serve",
-                    server,
-                    aliases,
-                    Registry.load([reg], use_env=False),
-                    args,
-                    {**env, "DPHIL_MODELS": str(reg)},
-                    episodes,
-                )
-            )
+    weights = {"gguf": gguf, "hf": hf_dir}
+    for name in args.servers.split(","):
+        kind = SERVERS[name]
+        with kind.start(weights[kind.weights], parallel=args.parallel, threads=args.threads) as server:
+            aliases, reg, extra_env = REGISTRIES[name](server, out, registry)
+            results.append(bench_server(kind.label, server, aliases, reg, args, {**env, **extra_env}, episodes))
     sizes = ",".join(map(str, args.sizes))
     base = dphil(
         "dphil-rollout",

@@ -6,18 +6,41 @@ and the matching exit status. Nothing here knows about click.
 
 from __future__ import annotations
 
-# sysexits.h codes used by every command.
-EX_OK = 0
-EX_USAGE = 64
-EX_DATAERR = 65
-EX_NOINPUT = 66
-EX_UNAVAILABLE = 69
-EX_SOFTWARE = 70
-EX_CANTCREAT = 73
-EX_IOERR = 74
-EX_TEMPFAIL = 75
-EX_CONFIG = 78
-EX_INTERRUPTED = 130
+from enum import IntEnum
+
+
+class ExitStatus(IntEnum):
+    """Every status a dphil command exits with: sysexits.h codes, and the signal ones.
+
+    The one list: docs/commands.md's exit-code table is checked against it.
+    """
+
+    OK = 0
+    USAGE = 64  # the options make no sense (a usage error)
+    DATAERR = 65  # a record, file or reply is malformed or inconsistent
+    NOINPUT = 66  # an input file or directory does not exist or cannot be read
+    UNAVAILABLE = 69  # a service (model server, provider) cannot be reached, or gave up
+    SOFTWARE = 70  # a bug in dphil: please report it
+    CANTCREAT = 73  # an output cannot be created (or is locked by another run)
+    IOERR = 74  # writing failed (disk full, a closed device)
+    TEMPFAIL = 75  # try again later: some episodes ended in errors, rerun with --resume
+    CONFIG = 78  # a registry, prompt or configuration file is wrong
+    INTERRUPTED = 130  # Ctrl-C (SIGINT)
+    TERMINATED = 143  # SIGTERM (128 + 15)
+
+
+# The names the library raises with (sysexits.h spelling).
+EX_OK = ExitStatus.OK
+EX_USAGE = ExitStatus.USAGE
+EX_DATAERR = ExitStatus.DATAERR
+EX_NOINPUT = ExitStatus.NOINPUT
+EX_UNAVAILABLE = ExitStatus.UNAVAILABLE
+EX_SOFTWARE = ExitStatus.SOFTWARE
+EX_CANTCREAT = ExitStatus.CANTCREAT
+EX_IOERR = ExitStatus.IOERR
+EX_TEMPFAIL = ExitStatus.TEMPFAIL
+EX_CONFIG = ExitStatus.CONFIG
+EX_INTERRUPTED = ExitStatus.INTERRUPTED
 
 
 class DphilError(Exception):

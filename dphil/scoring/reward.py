@@ -16,26 +16,50 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from dphil.core.table import IDLE_ACTIONS
+from dphil.core.episode import action_counts
 
 VARIANTS = ("paper", "shaped")
 
 
 @dataclass(frozen=True)
+class Term:
+    """One term of the reward: its component name in records, its weight, and the weight's sign.
+
+    `TERMS` is the one home of the reward's terms: scoring sums them, the advantages
+    split each into per-seat shares (`dphil.train.advantages.SEAT_SHARES`), the timeline
+    prints them and the scored-episode schema lists them; tests hold all of these to it.
+    """
+
+    name: str  # the key in `reward.components`
+    weight: str  # the RewardSpec field (and `reward.weights` key) holding its weight
+    sign: int  # +1 paid, -1 charged
+    default: float  # the study's weight
+    meaning: str
+
+
+TERMS: tuple[Term, ...] = (
+    Term("no_deadlock", "alpha", +1, 1.0, "1 if the table never deadlocked (shaped: and min_meals were eaten)"),
+    Term("throughput", "beta", +1, 0.5, "meals / (N x rounds)"),
+    Term("fairness", "gamma", -1, 0.3, "population variance of the meals per philosopher"),
+    Term("idle", "delta", -1, 0.1, "idle share of the turns (shaped: null actions count as idle)"),
+)
+
+
+@dataclass(frozen=True)
 class RewardSpec:
-    """A reward variant and its weights; recorded with every score."""
+    """A reward variant and its weights (one per `TERMS` entry); recorded with every score."""
 
     variant: str = "paper"
-    alpha: float = 1.0
-    beta: float = 0.5
-    gamma: float = 0.3
-    delta: float = 0.1
+    alpha: float = TERMS[0].default
+    beta: float = TERMS[1].default
+    gamma: float = TERMS[2].default
+    delta: float = TERMS[3].default
     min_meals: int = 1
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"unknown reward variant {self.variant!r} (expected paper or shaped)")
-        for name in ("alpha", "beta", "gamma", "delta"):
+        for name in (t.weight for t in TERMS):
             value = getattr(self, name)
             if value != value or value in (float("inf"), float("-inf")):
                 raise ValueError(f"weight {name} must be a finite number")
@@ -44,7 +68,7 @@ class RewardSpec:
 
     @property
     def weights(self) -> dict[str, float]:
-        return {"alpha": self.alpha, "beta": self.beta, "gamma": self.gamma, "delta": self.delta}
+        return {t.weight: getattr(self, t.weight) for t in TERMS}
 
 
 def score(
@@ -76,18 +100,12 @@ def score(
         idle = (idle_turns + null_turns) / all_turns if all_turns else 0.0
     throughput = total_meals / (n * rounds)
     fairness, gini, starvation = meal_stats(tuple(meals))
-    total = spec.alpha * no_deadlock + spec.beta * throughput - spec.gamma * fairness - spec.delta * idle
-    reward = {
-        "variant": spec.variant,
-        "total": total,
-        "components": {
-            "no_deadlock": no_deadlock,
-            "throughput": throughput,
-            "fairness": fairness,
-            "idle": idle,
-        },
-        "weights": spec.weights,
-    }
+    components = {"no_deadlock": no_deadlock, "throughput": throughput, "fairness": fairness, "idle": idle}
+    weights = spec.weights
+    total = 0.0
+    for t in TERMS:
+        total += t.sign * weights[t.weight] * components[t.name]
+    reward = {"variant": spec.variant, "total": total, "components": components, "weights": weights}
     if spec.variant == "shaped":
         reward["min_meals"] = spec.min_meals
     metrics = {
@@ -103,12 +121,6 @@ def score(
 def meal_stats(meals: tuple[int, ...]) -> tuple[float, float, int]:
     """(variance, gini_fairness, starvation) of a meal vector; few distinct vectors occur, so cached."""
     return variance(meals), gini_fairness(meals), meals.count(0)
-
-
-def action_counts(turns: list[dict], protocol: str) -> tuple[int, int, int]:
-    """(null actions, idle actions, all turns): what the idle term is made of."""
-    actions = [t["action"] for t in turns]
-    return actions.count(None), actions.count(IDLE_ACTIONS[protocol]), len(actions)
 
 
 def variance(meals: Sequence[int]) -> float:

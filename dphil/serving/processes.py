@@ -29,6 +29,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -243,3 +244,28 @@ def transformers_server(
         argv += ["--default-seed", str(seed)]
     env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
     return LocalServer(argv, model, port, env=env, name="transformers serve")
+
+
+@dataclass(frozen=True)
+class ServerKind:
+    """A local server dphil can start: which weights it serves and how to start it."""
+
+    name: str  # the key (`bench/bench_servers.py --servers NAME`)
+    label: str  # as reports print it
+    weights: str  # "gguf" (`dphil-weights --gguf-only`) or "hf" (a transformers directory)
+    start: Callable[..., LocalServer]  # (weights path, *, parallel, threads) -> a server not yet started
+
+
+def _start_llamacpp(weights: str | os.PathLike, *, parallel: int = 1, threads: int | None = None) -> LocalServer:
+    return llamacpp_server(weights, parallel=parallel, threads=threads)
+
+
+def _start_transformers(weights: str | os.PathLike, *, parallel: int = 1, threads: int | None = None) -> LocalServer:
+    return transformers_server(weights, threads=threads)  # one request at a time: no slots to set
+
+
+# The one table of local servers: the benches and the real-server tests start them from here.
+SERVERS: dict[str, ServerKind] = {
+    "llamacpp": ServerKind("llamacpp", "llama.cpp", "gguf", _start_llamacpp),
+    "transformers": ServerKind("transformers", "transformers serve", "hf", _start_transformers),
+}

@@ -17,6 +17,7 @@ from dphil.core.episode import recorded_winner
 from dphil.core.records import check_episode, is_int
 from dphil.core.table import NO_ACTION, OK, REASONS, Table
 from dphil.io.errors import DataError
+from dphil.scoring.reward import TERMS
 
 # A philosopher's state in one round, after the round's actions took effect.
 THINKING, LEFT, RIGHT, BOTH, EATING = "thinking", "left", "right", "both", "eating"
@@ -245,15 +246,10 @@ def reward_terms(record: dict[str, Any]) -> list[tuple[str, float, float]] | Non
     if not isinstance(comps, dict) or not isinstance(weights, dict):
         return []
     terms = []
-    for name, weight, sign in (
-        ("no_deadlock", "alpha", 1),
-        ("throughput", "beta", 1),
-        ("fairness", "gamma", -1),
-        ("idle", "delta", -1),
-    ):
-        value, w = comps.get(name), weights.get(weight)
+    for term in TERMS:
+        value, w = comps.get(term.name), weights.get(term.weight)
         if isinstance(value, int | float) and isinstance(w, int | float):
-            terms.append((name, sign * float(w), float(value)))
+            terms.append((term.name, term.sign * float(w), float(value)))
     return terms
 
 

@@ -26,15 +26,15 @@ standard deviation everywhere (Dr. GRPO's r - mean).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dphil.core.episode import recorded_winner
 from dphil.core.table import IDLE_ACTIONS, PICK_LEFT, PICK_RIGHT, Table
-from dphil.train.grpo import group_advantages
+from dphil.scoring.reward import TERMS
+from dphil.train.grpo import GroupAdvantages, group_advantages
 
-MODES = ("episode", "philosopher", "step")
 DEFAULT_GAMMA = 0.95  # GiGPO's discount
 DEFAULT_WEIGHT = 1.0  # GiGPO's omega
 
@@ -79,22 +79,26 @@ def turn_advantages(records: Sequence[dict[str, Any]], spec: AdvantageSpec, *, s
     if not records:
         raise ValueError("a group needs at least one episode")
     ep = group_advantages([r["reward"]["total"] for r in records], scale=scale)
-    if spec.mode == "episode":
-        out = TurnAdvantages(
-            [[a] * len(r["turns"]) for r, a in zip(records, ep.advantages, strict=True)],
-            ep.advantages,
-            1,
-            int(ep.zero_std),
-        )
-    elif spec.mode == "philosopher":
-        out = _philosopher(records, ep.advantages, scale)
-    else:
-        out = _step(records, ep.advantages, spec, scale)
+    out = MODES[spec.mode](records, ep, spec, scale)
     out.episode_tied = ep.zero_std
     return out
 
 
-def _philosopher(records: Sequence[dict[str, Any]], episode: list[float], scale: bool) -> TurnAdvantages:
+def _episode(
+    records: Sequence[dict[str, Any]], ep: GroupAdvantages, spec: AdvantageSpec, scale: bool
+) -> TurnAdvantages:
+    return TurnAdvantages(
+        [[a] * len(r["turns"]) for r, a in zip(records, ep.advantages, strict=True)],
+        ep.advantages,
+        1,
+        int(ep.zero_std),
+    )
+
+
+def _philosopher(
+    records: Sequence[dict[str, Any]], ep: GroupAdvantages, spec: AdvantageSpec, scale: bool
+) -> TurnAdvantages:
+    episode = ep.advantages
     n = _same_n(records)
     returns = [philosopher_returns(r) for r in records]
     per_seat = []
@@ -107,7 +111,8 @@ def _philosopher(records: Sequence[dict[str, Any]], episode: list[float], scale:
     return TurnAdvantages(turns, episode, n, tied)
 
 
-def _step(records: Sequence[dict[str, Any]], episode: list[float], spec: AdvantageSpec, scale: bool) -> TurnAdvantages:
+def _step(records: Sequence[dict[str, Any]], ep: GroupAdvantages, spec: AdvantageSpec, scale: bool) -> TurnAdvantages:
+    episode = ep.advantages
     _same_n(records)
     members: dict[tuple, list[tuple[int, int, float]]] = {}
     for e, r in enumerate(records):
@@ -126,6 +131,15 @@ def _step(records: Sequence[dict[str, Any]], episode: list[float], spec: Advanta
             step[e][k] = a
     turns = [[episode[e] + spec.weight * a for a in step[e]] for e in range(len(records))]
     return TurnAdvantages(turns, episode, groups, tied, singletons)
+
+
+# The credit modes, name -> implementation: the one home the CLI's choices
+# (`dphil-train --advantage`), the spec's check and the ART backend derive from.
+MODES: dict[str, Callable[[Sequence[dict[str, Any]], GroupAdvantages, AdvantageSpec, bool], TurnAdvantages]] = {
+    "episode": _episode,
+    "philosopher": _philosopher,
+    "step": _step,
+}
 
 
 def _same_n(records: Sequence[dict[str, Any]]) -> int:
@@ -182,43 +196,108 @@ def turn_returns(record: dict[str, Any], gamma: float) -> list[float]:
 
 
 def _round_rewards(record: dict[str, Any]) -> list[list[float]]:
-    """[philosopher][round - 1]: each philosopher's reward per round played (see turn_returns)."""
+    """[philosopher][round - 1]: each philosopher's reward per round played (see turn_returns).
+
+    The sum over the reward's terms (`dphil.scoring.reward.TERMS`) of each term's
+    signed, weighted per-seat share (`SEAT_SHARES`).
+    """
     reward = record["reward"]
     w = reward["weights"]
-    n, rounds = record["n"], record["rounds"]
-    replay = _replay(record)
-    played = len(replay.meals_by_round)
+    seats = _Seats(record, _replay(record))
+    out = [[0.0] * seats.played for _ in range(seats.n)]
+    if not seats.played:
+        return out
+    for term in TERMS:
+        for i, row in enumerate(SEAT_SHARES[term.name](seats, w[term.weight])):
+            for r, x in enumerate(row):
+                out[i][r] += term.sign * x
+    return out
+
+
+@dataclass
+class _Seats:
+    """What the per-seat shares of one scored episode are computed from."""
+
+    record: dict[str, Any]
+    replay: _Replayed
+
+    @property
+    def n(self) -> int:
+        return self.record["n"]
+
+    @property
+    def played(self) -> int:
+        return len(self.replay.meals_by_round)
+
+    def zeros(self) -> list[list[float]]:
+        return [[0.0] * self.played for _ in range(self.n)]
+
+    def meals(self) -> list[int]:
+        return [sum(col) for col in zip(*self.replay.meals_by_round, strict=True)]
+
+
+def _no_deadlock_shares(s: _Seats, weight: float) -> list[list[float]]:
+    """The episode's no-deadlock term (1, or 0 below the shaped meal floor) in the last round
+    played; after a deadlock, 1 - N * blame in the first deadlock round, the blame split equally
+    among the philosophers whose pick-up completed the cycle (all N if none did)."""
+    out, n = s.zeros(), s.n
+    if s.replay.deadlock_round is None:
+        shares = [s.record["reward"]["components"]["no_deadlock"]] * n
+        pay_at = s.played - 1
+    else:
+        blamed = s.replay.completers or list(range(n))
+        shares = [1.0 - (n / len(blamed) if i in blamed else 0.0) for i in range(n)]
+        pay_at = s.replay.deadlock_round - 1
+    for i in range(n):
+        out[i][pay_at] = weight * shares[i]
+    return out
+
+
+def _throughput_shares(s: _Seats, weight: float) -> list[list[float]]:
+    """Meals eaten by the seat in each round over the configured rounds R."""
+    out, rounds = s.zeros(), s.record["rounds"]
+    for r, eaten in enumerate(s.replay.meals_by_round):
+        for i in range(s.n):
+            out[i][r] = weight * eaten[i] / rounds
+    return out
+
+
+def _fairness_shares(s: _Seats, weight: float) -> list[list[float]]:
+    """(M_i - M)^2 in the last round played: the shares average to the meals' variance."""
+    out, meals = s.zeros(), s.meals()
+    mean_meals = sum(meals) / s.n
+    for i in range(s.n):
+        out[i][s.played - 1] = weight * (meals[i] - mean_meals) ** 2
+    return out
+
+
+def _idle_shares(s: _Seats, weight: float) -> list[list[float]]:
+    """N / the reward's denominator for each idle turn (`paper`: turns with an action, idle =
+    the protocol's idle action; `shaped`: all turns, null actions idle too)."""
+    record, out = s.record, s.zeros()
     idle_action = IDLE_ACTIONS[record["protocol"]]
     turns = record["turns"]
-    if reward["variant"] == "paper":
+    if record["reward"]["variant"] == "paper":
         denom = sum(1 for t in turns if t["action"] is not None)
         idle_actions: tuple[str | None, ...] = (idle_action,)
     else:
         denom = len(turns)
         idle_actions = (idle_action, None)
-    out = [[0.0] * played for _ in range(n)]
-    if not played:
-        return out
     for t in turns:
         if t["action"] in idle_actions:
-            out[t["philosopher"]][t["round"] - 1] -= w["delta"] * n / denom
-    for r, eaten in enumerate(replay.meals_by_round):
-        for i in range(n):
-            out[i][r] += w["beta"] * eaten[i] / rounds
-    meals = [sum(col) for col in zip(*replay.meals_by_round, strict=True)]
-    mean_meals = sum(meals) / n
-    nd = reward["components"]["no_deadlock"]
-    if replay.deadlock_round is None:
-        shares = [nd] * n
-        pay_at = played - 1
-    else:
-        blamed = replay.completers or list(range(n))
-        shares = [1.0 - (n / len(blamed) if i in blamed else 0.0) for i in range(n)]
-        pay_at = replay.deadlock_round - 1
-    for i in range(n):
-        out[i][pay_at] += w["alpha"] * shares[i]
-        out[i][played - 1] -= w["gamma"] * (meals[i] - mean_meals) ** 2
+            out[t["philosopher"]][t["round"] - 1] += weight * s.n / denom
     return out
+
+
+# Each reward term's per-seat share, [philosopher][round - 1], weighted: averaged over the
+# seats and summed over the rounds it is that term of the episode reward. Keyed by
+# `TERMS`' names; a test fails when a term is missing here.
+SEAT_SHARES: dict[str, Callable[[_Seats, float], list[list[float]]]] = {
+    "no_deadlock": _no_deadlock_shares,
+    "throughput": _throughput_shares,
+    "fairness": _fairness_shares,
+    "idle": _idle_shares,
+}
 
 
 # -- table states ----------------------------------------------------------------------------------

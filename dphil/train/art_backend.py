@@ -199,45 +199,59 @@ def balanced_group(art: Any, trajectories: list[Any], scenario: str) -> Any:
 
 def art_groups(art: Any, groups: Sequence[Any], mode: str) -> list[Any]:
     """The step's TrajectoryGroups for ART, for one `--advantage` mode (see the module doc)."""
-    out = []
+    try:
+        build = ART_GROUPS[mode]
+    except KeyError:
+        raise ValueError(f"the ART backend has no trajectory groups for advantage mode {mode!r}") from None
+    out: list[Any] = []
     for g in groups:
-        if not g.episodes:
-            continue
-        scenario = f"{g.episodes[0].config.seed}"
-        tools = tool_specs(g.episodes[0].config.protocol)
-        if mode == "episode":
-            per_episode = [
-                episode_trajectories(art, ep.config, ep.histories, r, tools)
-                for ep, r in zip(g.episodes, g.rewards, strict=True)
-            ]
-            out.append(scenario_group(art, per_episode, scenario))
-        elif mode == "philosopher":
-            per_episode = [
-                [
-                    art.Trajectory(
-                        messages_and_choices=list(h),
-                        tools=tools,
-                        reward=ret,
-                        metadata={
-                            "episode_id": ep.config.episode_id,
-                            "philosopher": i,
-                            "n": ep.config.n,
-                            "seed": ep.config.seed,
-                        },
-                    )
-                    for i, (h, ret) in enumerate(zip(ep.histories, philosopher_returns(ep.record), strict=True))
-                ]
-                for ep in g.episodes
-            ]
-            out.extend(seat_groups(art, per_episode, scenario))
-        else:
-            trajectories = [
-                t
-                for ep, advs in zip(g.episodes, g.turn_advantages, strict=True)
-                for t in turn_trajectories(art, ep.config, ep.histories, ep.record["turns"], advs, tools)
-            ]
-            out.append(balanced_group(art, trajectories, scenario))
+        if g.episodes:
+            scenario = f"{g.episodes[0].config.seed}"
+            out.extend(build(art, g, scenario, tool_specs(g.episodes[0].config.protocol)))
     return out
+
+
+def _episode_groups(art: Any, g: Any, scenario: str, tools: Any) -> list[Any]:
+    per_episode = [
+        episode_trajectories(art, ep.config, ep.histories, r, tools)
+        for ep, r in zip(g.episodes, g.rewards, strict=True)
+    ]
+    return [scenario_group(art, per_episode, scenario)]
+
+
+def _philosopher_groups(art: Any, g: Any, scenario: str, tools: Any) -> list[Any]:
+    per_episode = [
+        [
+            art.Trajectory(
+                messages_and_choices=list(h),
+                tools=tools,
+                reward=ret,
+                metadata={
+                    "episode_id": ep.config.episode_id,
+                    "philosopher": i,
+                    "n": ep.config.n,
+                    "seed": ep.config.seed,
+                },
+            )
+            for i, (h, ret) in enumerate(zip(ep.histories, philosopher_returns(ep.record), strict=True))
+        ]
+        for ep in g.episodes
+    ]
+    return list(seat_groups(art, per_episode, scenario))
+
+
+def _step_groups(art: Any, g: Any, scenario: str, tools: Any) -> list[Any]:
+    trajectories = [
+        t
+        for ep, advs in zip(g.episodes, g.turn_advantages, strict=True)
+        for t in turn_trajectories(art, ep.config, ep.histories, ep.record["turns"], advs, tools)
+    ]
+    return [balanced_group(art, trajectories, scenario)]
+
+
+# How each credit mode (`dphil.train.advantages.MODES`) becomes ART trajectory groups; a mode
+# missing here fails loudly in `art_groups`, and a test holds the keys to MODES.
+ART_GROUPS = {"episode": _episode_groups, "philosopher": _philosopher_groups, "step": _step_groups}
 
 
 def choice_message(choice: Any) -> dict[str, Any]:
