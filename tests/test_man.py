@@ -1,4 +1,4 @@
-"""The committed man pages are exactly what click-man makes of the current commands."""
+"""The committed man pages and docs/cli.md are exactly what man/generate.py makes of the current commands."""
 
 from __future__ import annotations
 
@@ -7,13 +7,33 @@ import importlib.util
 from tests.support.commands import ROOT
 
 
-def test_man_pages_match_the_commands(tmp_path):
+def _generator():
     spec = importlib.util.spec_from_file_location("man_generate", ROOT / "man" / "generate.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    fresh = module.generate(tmp_path)
+    return module
+
+
+def test_man_pages_match_the_commands(tmp_path):
+    fresh = _generator().generate(tmp_path)
     assert fresh
     for page in fresh:
         committed = ROOT / "man" / page.name
         assert committed.exists(), f"man/{page.name} missing: run python man/generate.py"
         assert committed.read_text() == page.read_text(), f"man/{page.name} is out of date: run python man/generate.py"
+
+
+def test_cli_reference_matches_the_commands():
+    module = _generator()
+    committed = ROOT / "docs" / "cli.md"
+    assert committed.exists(), "docs/cli.md missing: run python man/generate.py"
+    assert committed.read_text() == module.cli_reference(), "docs/cli.md is out of date: run python man/generate.py"
+
+
+def test_cli_reference_has_every_command_in_order():
+    module = _generator()
+    text = module.cli_reference()
+    headings = [line[3:] for line in text.splitlines() if line.startswith("## ")]
+    assert headings == list(module.COMMANDS)
+    for name in module.COMMANDS:
+        assert f"Usage: {name} " in text
