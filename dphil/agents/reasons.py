@@ -10,6 +10,7 @@ there, on the openai exception litellm chained its own to, or quoted in litellm'
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 MAX_SERVER_MESSAGE = 300
@@ -50,8 +51,13 @@ def describe(error: BaseException) -> str:
         status = http_status(error)
         return f"{name} (HTTP {status}): {said}" if status else f"{name}: {said}"
     text = str(error).strip().splitlines()
-    first = next((line for line in text if line.strip()), "")
+    first = _SSL_REPR.sub("", next((line for line in text if line.strip()), ""))
     return f"{name}: {first}"[:500]
+
+
+# aiohttp's connection errors quote the SSL context's repr ("ssl:<ssl.SSLContext object at 0x...>",
+# "ssl:default"): an address in memory, noise in a message that should say what to do.
+_SSL_REPR = re.compile(r"\s*ssl:(?:<[^>]*>|default|None|False)")
 
 
 def _chain(error: BaseException) -> list[BaseException]:

@@ -261,6 +261,7 @@ class RolloutRequest:
     limits: dict[str, Any] = field(default_factory=dict)
     max_errors: int | None = None
     cost_limit: float | None = None
+    check: bool = True  # keys set and servers answering, before the first episode (--no-check)
     # local models (hf:PATH, --checkpoints)
     adapter: str | None = None
     checkpoints: tuple[str, ...] = ()
@@ -348,6 +349,11 @@ def run_request(req: RolloutRequest, console) -> int:
     elif req.resume:
         raise UsageError("--resume needs -o FILE")
 
+    if plan is not None and req.check:
+        from dphil.agents.preflight import preflight
+
+        preflight(plan.specs.values())  # a missing key or server fails here, before any record
+
     # One fixed order over the whole grid (scripted and API models, then local entries) so that
     # shards partition it; scripted episodes stream, the rest is collected as it goes by.
     def everything() -> Iterator[tuple[Any, EpisodeConfig]]:
@@ -386,6 +392,7 @@ def run_request(req: RolloutRequest, console) -> int:
         if local_configs:
             from dphil.local.entries import run_local
 
+            assert local_settings is not None  # local configs come only from local entries
             written, skipped = run_local(
                 local_configs.items(), local_settings, writer.write, done=done, progress=progress
             )
@@ -449,12 +456,10 @@ def _llm_summary(console, stats, output):
         f"{u.calls} calls, {u.prompt_tokens + u.completion_tokens} tokens, "
         f"${u.cost:.4f}"
     )
+    # --resume needs a journal (-o FILE): without one, the advice is to write one next time.
+    again = "rerun with --resume" if output not in (None, "-") else "rerun with -o FILE (then --resume)"
     if stats.not_started:
-        console.error(
-            f"cost limit reached: {stats.not_started} episode(s) not started; rerun with --resume to continue"
-        )
+        console.error(f"cost limit reached: {stats.not_started} episode(s) not started; {again} to continue")
     if stats.errors:
-        console.error(
-            f"{stats.errors} episode(s) ended in error (last: {stats.last_error}); rerun with --resume to retry them"
-        )
+        console.error(f"{stats.errors} episode(s) ended in error (last: {stats.last_error}); {again} to retry them")
     return EX_TEMPFAIL if stats.errors or stats.not_started else 0
