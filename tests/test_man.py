@@ -37,3 +37,13 @@ def test_cli_reference_has_every_command_in_order():
     assert headings == list(module.COMMANDS)
     for name in module.COMMANDS:
         assert f"Usage: {name} " in text
+
+
+def test_every_man_page_is_installed_with_the_package():
+    """`pip install .` puts them in the environment's share/man/man1, where `man NAME` finds them."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    listed = sorted(cfg["options.data_files"]["share/man/man1"].split())
+    assert listed == sorted(f"man/{p.name}" for p in (ROOT / "man").glob("*.1"))
