@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 from dphil.agents.prompts import builtin_prompt, observation_text  # noqa: E402
 from dphil.agents.registry import Registry  # noqa: E402
 from dphil.agents.tools import tool_specs  # noqa: E402
-from dphil.core.table import PROTOCOLS, Table  # noqa: E402
+from dphil.core.protocols import PROTOCOLS  # noqa: E402
+from dphil.core.table import Table  # noqa: E402
 from dphil.io.console_scripts import locate  # noqa: E402
 from dphil.serving.processes import SERVERS, LocalServer  # noqa: E402
 

@@ -86,7 +86,7 @@ def build_model(work: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from dphil.core.table import protocol_actions
+    from dphil.core.protocols import protocol_actions
     from tests.support.tinymodel import build_tiny_model
 
     hf_logging.disable_progress_bar()

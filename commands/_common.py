@@ -7,6 +7,7 @@ usage error exits 64 (not click's 2) under a terminal, a pipe and CliRunner alik
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -123,3 +124,169 @@ def on_error_option(f: Callable[..., Any]) -> Callable[..., Any]:
 def inputs_argument(f: Callable[..., Any]) -> Callable[..., Any]:
     # Plain strings: missing files and directories are reported by the reader with exit 66.
     return click.argument("inputs", nargs=-1, metavar="[FILE]...")(f)
+
+
+# -- option groups: each declared once, for every command that takes it ------------------
+
+
+def options(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """One decorator applying `decorators` as if stacked in this order (the first shows first in --help)."""
+
+    def apply(f: Any) -> Any:
+        for decorate in reversed(decorators):
+            f = decorate(f)
+        return f
+
+    return apply
+
+
+def table_options(sizes_help: str) -> Callable[[Any], Any]:
+    """-n and the table's rules (dphil.core.protocols's names); `sizes_help` says what several sizes mean."""
+    from dphil.core.protocols import CONFLICTS, DEADLOCK_MODES, PROTOCOLS, SCHEDULES
+
+    return options(
+        click.option(
+            "-n", "--philosophers", "sizes", default="5", show_default=True, metavar="N[,N...]", help=sizes_help
+        ),
+        click.option(
+            "--rounds",
+            type=click.IntRange(min=1),
+            default=5,
+            show_default=True,
+            help="Rounds per episode; every philosopher acts once per round.",
+        ),
+        click.option(
+            "--protocol",
+            type=click.Choice(list(PROTOCOLS)),
+            default="paper",
+            show_default=True,
+            help="paper: the study's six tools. dpbench: DPBench's four actions.",
+        ),
+        click.option(
+            "--schedule",
+            type=click.Choice(SCHEDULES),
+            default="simultaneous",
+            show_default=True,
+            help="simultaneous: all choose from one snapshot. sequential: one at a time.",
+        ),
+        click.option(
+            "--conflict",
+            type=click.Choice(CONFLICTS),
+            default="random",
+            show_default=True,
+            help="Who gets a free fork two neighbours reach for in the same round.",
+        ),
+        click.option(
+            "--deadlock",
+            "deadlock_mode",
+            type=click.Choice(DEADLOCK_MODES),
+            default="terminal",
+            show_default=True,
+            help="terminal: a deadlock ends the episode. continue: play on.",
+        ),
+    )
+
+
+def prompt_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """How a model agent is prompted: the built-in variant (dphil.agents.prompts), your own file, its memory."""
+    from dphil.agents.prompts import BUILTIN_TEMPLATES
+
+    return options(
+        click.option(
+            "--prompt",
+            type=click.Choice(list(BUILTIN_TEMPLATES)),
+            default="default",
+            show_default=True,
+            help="System prompt variant for models.",
+        ),
+        click.option(
+            "--prompt-file",
+            default=None,
+            metavar="FILE",
+            help="Your own system-prompt template ($seat, $n, $rules, $actions, $answer, ...).",
+        ),
+        click.option(
+            "--memory",
+            default="full",
+            show_default=True,
+            metavar="full|window:K|none",
+            help="How much of its own past each model agent re-reads.",
+        ),
+    )(f)
+
+
+def local_model_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """How a local (transformers) model samples and where it runs."""
+    return options(
+        click.option(
+            "--decode",
+            type=click.Choice(["constrained", "free"]),
+            default="constrained",
+            show_default=True,
+            help="Local (transformers) models: constrained samples among the protocol's replies; free "
+            "generates text and parses it like an API reply.",
+        ),
+        click.option(
+            "--temperature",
+            type=click.FloatRange(min=0),
+            default=1.0,
+            show_default=True,
+            help="Local models: sampling temperature (0 = greedy).",
+        ),
+        click.option(
+            "--device",
+            default="auto",
+            show_default=True,
+            help="Local (transformers) models: auto, cpu, cuda, cuda:1, ...",
+        ),
+        click.option(
+            "--threads",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Local (transformers) models: CPU threads for torch [default: torch's choice]; 1 is fastest for tiny "
+            "models on a busy machine.",
+        ),
+    )(f)
+
+
+def reward_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--reward/--shaped and one weight per reward term (dphil.scoring.reward.TERMS), passed on as `reward`.
+
+    The command receives one `reward` argument, a `dphil.scoring.request.RewardRequest`
+    (unchecked: the library checks it, once, when it makes the RewardSpec).
+    """
+    from dphil.scoring.reward import TERMS, VARIANTS
+
+    names = ("variant", "shaped", *(t.weight for t in TERMS), "min_meals")
+
+    @functools.wraps(f)
+    def with_reward(*args: Any, **kwargs: Any) -> Any:
+        from dphil.scoring.request import RewardRequest
+
+        reward = RewardRequest(**{name: kwargs.pop(name) for name in names})
+        return f(*args, reward=reward, **kwargs)
+
+    weights = [
+        click.option(
+            f"--{t.weight}",
+            type=float,
+            default=t.default,
+            show_default=True,
+            help=f"Weight of {t.name}." if t.sign > 0 else f"Weight of the {t.name} penalty.",
+        )
+        for t in TERMS
+    ]
+    return options(
+        click.option(
+            "--reward", "variant", type=click.Choice(VARIANTS), default=None, help="Reward variant [default: paper]."
+        ),
+        click.option("--shaped", is_flag=True, help="Same as --reward shaped."),
+        *weights,
+        click.option(
+            "--min-meals",
+            type=click.IntRange(min=0),
+            default=1,
+            show_default=True,
+            help="shaped: meals needed before no_deadlock pays.",
+        ),
+    )(with_reward)

@@ -125,53 +125,24 @@ def main(
     wait_lock,
     quiet,
 ):
-    from dphil.checkpoints.selection import located, read_inputs, select, summary
-    from dphil.io.errors import UsageError
-    from dphil.io.jsonl import RecordReader, RecordWriter
-
     def body(console):
-        if merge and export_dir is None:
-            raise UsageError("--merge needs --export DIR (where to write the merged model)")
-        if base_model is not None and not merge:
-            raise UsageError("--base-model only applies with --merge")
-        if export_dir is not None and top != 1:
-            raise UsageError(f"--export writes one adapter; it cannot be combined with --top {top}")
-        if export_dir is not None and no_check_path:
-            raise UsageError("--export always checks the adapter; drop --no-check-path")
-        if plot is not None:
-            from dphil.checkpoints.curve import check_plot_path
+        from dphil.checkpoints.request import SelectRequest, run_select
 
-            check_plot_path(plot)
-        reader = RecordReader(inputs)
-        selection = select(
-            read_inputs(located(reader)), by=by, metric=metric, smooth=smooth, rule=rule, top=top, run=run_name
+        request = SelectRequest(
+            inputs=inputs,
+            by=by,
+            metric=metric,
+            smooth=smooth,
+            rule=rule,
+            top=top,
+            run=run_name,
+            plot=plot,
+            export_dir=export_dir,
+            merge=merge,
+            base_model=base_model,
+            check_path=not no_check_path,
+            output=output,
         )
-        for note in selection.notes:
-            console.warn(note)
-        if not no_check_path:
-            from dphil.checkpoints.export import adapter_dir
-
-            for record in selection.chosen:
-                if record.get("path") is not None:
-                    adapter_dir(record)
-        if export_dir is not None:
-            from dphil.checkpoints.export import export_adapter, merge_adapter
-
-            record = selection.chosen[0]
-            if merge:
-                where = merge_adapter(record, export_dir, base_model=base_model)
-                record["selection"]["merged_to"] = str(where)
-            else:
-                where = export_adapter(record, export_dir)
-                record["selection"]["exported_to"] = str(where)
-        if plot is not None:
-            from dphil.checkpoints.curve import plot_selection
-
-            plot_selection(selection, plot)
-        with RecordWriter(output) as writer:
-            for record in selection.chosen:
-                writer.write(record)
-        console.warn(summary(selection))
-        return 0
+        return run_select(request, console)
 
     return execute("dphil-ckpt-select", quiet, body, outputs=(output,), wait_lock=wait_lock)

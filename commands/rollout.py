@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import click
-from dphil.commands._common import command, execute, quiet_option, wait_lock_option
-
-from dphil.core.table import CONFLICTS, DEADLOCK_MODES, PROTOCOLS, SCHEDULES
+from dphil.commands._common import (
+    command,
+    execute,
+    local_model_options,
+    prompt_options,
+    quiet_option,
+    table_options,
+    wait_lock_option,
+)
 
 HELP = """Play episodes of the dining philosophers and write them as JSONL.
 
@@ -39,15 +45,7 @@ dphil-train saved.
     help="Policy or model to seat at the table; repeat for a grid. scripted:NAME, a "
     "registry alias, a litellm id, or hf:PATH for a local transformers model.",
 )
-@click.option(
-    "-n",
-    "--philosophers",
-    "sizes",
-    default="5",
-    show_default=True,
-    metavar="N[,N...]",
-    help="Table size(s), e.g. 5 or 5,10,15.",
-)
+@table_options(sizes_help="Table size(s), e.g. 5 or 5,10,15.")
 @click.option(
     "--episodes",
     type=click.IntRange(min=1),
@@ -67,42 +65,6 @@ dphil-train saved.
     default=None,
     metavar="LIST",
     help="Explicit seeds instead of --seed/--episodes, e.g. 1000-1029 or 1,5,9.",
-)
-@click.option(
-    "--rounds",
-    type=click.IntRange(min=1),
-    default=5,
-    show_default=True,
-    help="Rounds per episode; every philosopher acts once per round.",
-)
-@click.option(
-    "--protocol",
-    type=click.Choice(list(PROTOCOLS)),
-    default="paper",
-    show_default=True,
-    help="paper: the study's six tools. dpbench: DPBench's four actions.",
-)
-@click.option(
-    "--schedule",
-    type=click.Choice(SCHEDULES),
-    default="simultaneous",
-    show_default=True,
-    help="simultaneous: all choose from one snapshot. sequential: one at a time.",
-)
-@click.option(
-    "--conflict",
-    type=click.Choice(CONFLICTS),
-    default="random",
-    show_default=True,
-    help="Who gets a free fork two neighbours reach for in the same round.",
-)
-@click.option(
-    "--deadlock",
-    "deadlock_mode",
-    type=click.Choice(DEADLOCK_MODES),
-    default="terminal",
-    show_default=True,
-    help="terminal: a deadlock ends the episode. continue: play on.",
 )
 @click.option(
     "-o",
@@ -128,26 +90,7 @@ dphil-train saved.
     metavar="FILE",
     help="Model registry (TOML) merged over the built-in aliases; repeatable. Also read from $DPHIL_MODELS.",
 )
-@click.option(
-    "--prompt",
-    type=click.Choice(["default", "minimal", "resource-ordering", "symmetry-breaking"]),
-    default="default",
-    show_default=True,
-    help="System prompt variant for models.",
-)
-@click.option(
-    "--prompt-file",
-    default=None,
-    metavar="FILE",
-    help="Your own system-prompt template ($seat, $n, $rules, $actions, $answer, ...).",
-)
-@click.option(
-    "--memory",
-    default="full",
-    show_default=True,
-    metavar="full|window:K|none",
-    help="How much of its own past each model agent re-reads.",
-)
+@prompt_options
 @click.option(
     "--talk",
     type=click.IntRange(min=0),
@@ -229,22 +172,7 @@ dphil-train saved.
 @click.option(
     "--run", "checkpoint_run", default=None, metavar="NAME", help="With --checkpoints: only this run's checkpoints."
 )
-@click.option(
-    "--decode",
-    type=click.Choice(["constrained", "free"]),
-    default="constrained",
-    show_default=True,
-    help="Local models: constrained samples among the protocol's replies; free "
-    "generates text and parses it like an API reply.",
-)
-@click.option(
-    "--temperature",
-    type=click.FloatRange(min=0),
-    default=1.0,
-    show_default=True,
-    help="Local models: sampling temperature (0 = greedy).",
-)
-@click.option("--device", default="auto", show_default=True, help="Local models: cpu, cuda, cuda:1, auto.")
+@local_model_options
 @click.option(
     "--batch",
     type=click.IntRange(min=1),
@@ -252,25 +180,19 @@ dphil-train saved.
     show_default=True,
     help="Local models: episodes played together (one model batch per round).",
 )
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Local models: CPU threads for torch [default: torch's choice].",
-)
 @wait_lock_option
 @quiet_option
 def main(
     models,
     sizes,
-    episodes,
-    seed,
-    seeds,
     rounds,
     protocol,
     schedule,
     conflict,
     deadlock_mode,
+    episodes,
+    seed,
+    seeds,
     output,
     resume,
     shard,
@@ -294,13 +216,14 @@ def main(
     decode,
     temperature,
     device,
-    batch,
     threads,
+    batch,
     wait_lock,
     quiet,
 ):
     from dphil.io.errors import UsageError
-    from dphil.rollout.grid import Grid, RolloutRequest, parse_int_list, parse_shard, parse_tags, run_request
+    from dphil.rollout.grid import Grid, parse_int_list, parse_shard, parse_tags
+    from dphil.rollout.request import RolloutRequest, run_request
 
     def body(console):
         table_sizes = parse_int_list(sizes, "-n")

@@ -36,7 +36,6 @@ comparisons are Holm-adjusted (--adjust). Errored episodes are counted and left 
 @inputs_argument
 @click.option(
     "--by",
-    "by_text",
     default="model,n",
     show_default=True,
     metavar="FIELD[,FIELD...]",
@@ -108,7 +107,7 @@ comparisons are Holm-adjusted (--adjust). Errored episodes are counted and left 
 @quiet_option
 def main(
     inputs,
-    by_text,
+    by,
     compares,
     adjust,
     power,
@@ -123,57 +122,24 @@ def main(
     on_error,
     quiet,
 ):
-    from dphil.io.errors import UsageError
-    from dphil.io.jsonl import RecordWriter
-    from dphil.results import cells, report
-
     def body(console):
-        by = cells.parse_by(by_text)
-        wanted = [cells.Compare(f, a, b) for f, a, b in compares]
-        cells.check_fields([c.field for c in wanted])
-        if effect is not None and not (effect == effect and abs(effect) != float("inf")):
-            raise UsageError("--effect must be a finite number")
-        if plot:
-            report.check_plot(plot)
-        if timelines is not None and fmt != "html":
-            raise UsageError("--timelines goes with --format html")
-        if timelines is not None and no_cells:
-            raise UsageError("--timelines shows episodes per cell: not with --no-cells")
-        sample = None
-        if fmt == "html" and not no_cells:  # the timelines are per cell: none without cells
-            from dphil.results.html_report import DEFAULT_TIMELINES, EpisodeSample
+        from dphil.results.request import StatsRequest, run_stats
 
-            sample = EpisodeSample(by, DEFAULT_TIMELINES if timelines is None else timelines)
-        episodes = cells.load(
-            inputs, [*by, *(c.field for c in wanted)], on_error=on_error, warn=console.warn, keep=sample
+        request = StatsRequest(
+            inputs=inputs,
+            by=by,
+            compares=compares,
+            adjust=adjust,
+            power=power,
+            effect=effect,
+            fmt=fmt,
+            timelines=timelines,
+            no_cells=no_cells,
+            plot=plot,
+            degenerate_warn=degenerate_warn,
+            output=output,
+            on_error=on_error,
         )
-        if episodes.skipped:
-            console.error(f"skipped {episodes.skipped} bad record(s)")
-        if episodes.frame.height == 0:
-            console.warn("no episodes in the input: nothing to summarise")
-            return 0
-        cell_list = cells.cell_records(episodes, by, degenerate_warn=degenerate_warn, warn=console.warn)
-        comps = cells.comparison_records(
-            episodes, by, wanted, adjust=adjust, power=power or effect is not None, effect=effect, warn=console.warn
-        )
-        shown = [] if no_cells else cell_list
-        if plot:
-            report.plot(cell_list, by, plot)
-        with RecordWriter(output) as writer:
-            if fmt == "jsonl":
-                for record in [*shown, *comps]:
-                    writer.write(record)
-            elif fmt == "html":
-                from dphil.results.html_report import render_page
-
-                page = render_page(
-                    cell_list, comps, by, sources=list(inputs), sample=sample, compared=bool(wanted), no_cells=no_cells
-                )
-                writer.write_line(page.encode())
-            else:
-                text = report.render(fmt, shown, comps, by)
-                for line in text.splitlines(keepends=True):
-                    writer.write_line(line.encode())
-        return 0
+        return run_stats(request, console)
 
     return execute("dphil-stats", quiet, body, outputs=(output,), wait_lock=wait_lock)

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import click
-from dphil.commands._common import command, execute, output_option, quiet_option, wait_lock_option
+from dphil.commands._common import (
+    command,
+    execute,
+    local_model_options,
+    output_option,
+    prompt_options,
+    quiet_option,
+    reward_options,
+    table_options,
+    wait_lock_option,
+)
 
-from dphil.core.table import CONFLICTS, DEADLOCK_MODES, PROTOCOLS, SCHEDULES
+from dphil.train.advantages import MODES
 
 BACKENDS = ("peft", "art", "art-serverless", "art-tinker")
 
@@ -49,16 +59,7 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     help="peft: transformers + peft, CPU or one GPU. art*: OpenPipe ART (pip install "
     "'dphil[art]'); art-serverless / art-tinker train remotely.",
 )
-@click.option(
-    "-n",
-    "--philosophers",
-    "sizes",
-    default="5",
-    show_default=True,
-    metavar="N[,N...]",
-    help="Table size(s) to train on (several sizes: groups cycle through them).",
-)
-@click.option("--rounds", type=click.IntRange(min=1), default=5, show_default=True)
+@table_options(sizes_help="Table size(s) to train on (several sizes: groups cycle through them).")
 @click.option(
     "--steps",
     type=click.IntRange(min=1),
@@ -82,29 +83,7 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     default=1e-5,
     show_default=True,
 )
-@click.option(
-    "--reward",
-    "variant",
-    type=click.Choice(["paper", "shaped"]),
-    default=None,
-    help="Training reward [default: paper].",
-)
-@click.option("--shaped", is_flag=True, help="Same as --reward shaped.")
-@click.option("--alpha", type=float, default=1.0, show_default=True)
-@click.option("--beta", type=float, default=0.5, show_default=True)
-@click.option("--gamma", type=float, default=0.3, show_default=True)
-@click.option("--delta", type=float, default=0.1, show_default=True)
-@click.option("--min-meals", type=click.IntRange(min=0), default=1, show_default=True)
-@click.option("--protocol", type=click.Choice(list(PROTOCOLS)), default="paper", show_default=True)
-@click.option("--schedule", type=click.Choice(SCHEDULES), default="simultaneous", show_default=True)
-@click.option("--conflict", type=click.Choice(CONFLICTS), default="random", show_default=True)
-@click.option(
-    "--deadlock",
-    "deadlock_mode",
-    type=click.Choice(DEADLOCK_MODES),
-    default="terminal",
-    show_default=True,
-)
+@reward_options
 @click.option(
     "--seed",
     type=click.IntRange(min=0),
@@ -158,24 +137,9 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     metavar="FILE",
     help="Keep every training and validation episode, scored, with checkpoint_step.",
 )
-@click.option(
-    "--decode",
-    type=click.Choice(["constrained", "free"]),
-    default="constrained",
-    show_default=True,
-    help="peft: constrained samples among the protocol's replies; free generates and parses.",
-)
-@click.option("--temperature", type=click.FloatRange(min=0), default=1.0, show_default=True)
+@prompt_options
+@local_model_options
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=48, show_default=True)
-@click.option(
-    "--prompt",
-    "prompt_name",
-    default="default",
-    show_default=True,
-    help="Prompt variant: default, minimal, resource-ordering, symmetry-breaking.",
-)
-@click.option("--prompt-file", default=None, type=click.Path(dir_okay=False, path_type=str))
-@click.option("--memory", default="full", show_default=True, help="full, none or window:K.")
 @click.option(
     "--clip-epsilon",
     type=click.FloatRange(min=0),
@@ -194,7 +158,7 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
 @click.option("--no-scale-advantages", is_flag=True, help="Advantages r - mean instead of (r - mean) / std.")
 @click.option(
     "--advantage",
-    type=click.Choice(["episode", "philosopher", "step"]),
+    type=click.Choice(list(MODES)),
     default="episode",
     show_default=True,
     help="Credit assignment: episode (every turn gets its episode's group advantage, the "
@@ -213,18 +177,11 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     default=None,
     help="step: weight of the step-level advantage [default: 1.0].",
 )
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1, ...")
 @click.option(
     "--dtype",
     type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
     default="auto",
     show_default=True,
-)
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    default=None,
-    help="CPU threads for torch [default: torch's choice]; 1 is fastest for tiny models on a busy machine.",
 )
 @click.option(
     "--micro-batch",
@@ -258,17 +215,117 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
 @output_option
 @wait_lock_option
 @quiet_option
-def main(**opts):
-    from dphil.train.launch import launch
+def main(
+    base_model,
+    run_dir,
+    run_name,
+    backend,
+    sizes,
+    rounds,
+    protocol,
+    schedule,
+    conflict,
+    deadlock_mode,
+    steps,
+    groups,
+    group_size,
+    lora_rank,
+    lora_alpha,
+    learning_rate,
+    reward,
+    seed,
+    curriculum,
+    advance_at,
+    smoothing,
+    val_every,
+    val_episodes,
+    val_seeds,
+    val_n,
+    episodes_out,
+    prompt,
+    prompt_file,
+    memory,
+    decode,
+    temperature,
+    device,
+    threads,
+    max_new_tokens,
+    clip_epsilon,
+    kl_coef,
+    max_grad_norm,
+    no_scale_advantages,
+    advantage,
+    advantage_gamma,
+    advantage_weight,
+    dtype,
+    micro_batch,
+    train_micro_batch,
+    gradient_checkpointing,
+    tensorboard,
+    art_path,
+    project,
+    output,
+    wait_lock,
+    quiet,
+):
+    def body(console):
+        from dphil.train.launch import TrainRequest, launch
+
+        request = TrainRequest(
+            base_model=base_model,
+            run_dir=run_dir,
+            run=run_name,
+            backend=backend,
+            output=output,
+            episodes_out=episodes_out,
+            tensorboard=tensorboard,
+            sizes=sizes,
+            rounds=rounds,
+            protocol=protocol,
+            schedule=schedule,
+            conflict=conflict,
+            deadlock_mode=deadlock_mode,
+            seed=seed,
+            steps=steps,
+            groups=groups,
+            group_size=group_size,
+            curriculum=curriculum,
+            advance_at=advance_at,
+            smoothing=smoothing,
+            val_every=val_every,
+            val_episodes=val_episodes,
+            val_seeds=val_seeds,
+            val_n=val_n,
+            reward=reward,
+            scale_advantages=not no_scale_advantages,
+            advantage=advantage,
+            advantage_gamma=advantage_gamma,
+            advantage_weight=advantage_weight,
+            lora_rank=lora_rank,
+            lora_alpha=lora_alpha,
+            learning_rate=learning_rate,
+            clip_epsilon=clip_epsilon,
+            kl_coef=kl_coef,
+            max_grad_norm=max_grad_norm,
+            prompt=prompt,
+            prompt_file=prompt_file,
+            memory=memory,
+            decode=decode,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            device=device,
+            dtype=dtype,
+            threads=threads,
+            micro_batch=micro_batch,
+            train_micro_batch=train_micro_batch,
+            gradient_checkpointing=gradient_checkpointing,
+            art_path=art_path,
+            project=project,
+        )
+        return launch(request, console)
 
     # The run directory is locked too: two trainings of one run would interleave its steps.
-    return execute(
-        "dphil-train",
-        opts["quiet"],
-        lambda console: launch(console, opts),
-        outputs=(opts["run_dir"], opts["output"], opts["episodes_out"]),
-        wait_lock=opts["wait_lock"],
-    )
+    return execute("dphil-train", quiet, body, outputs=(run_dir, output, episodes_out), wait_lock=wait_lock)
 
 
 if __name__ == "__main__":

@@ -40,24 +40,9 @@ or its checksum is wrong.
 )
 @quiet_option
 def main(gguf, gguf_only, cache, quiet):
-    from pathlib import Path
-
-    from dphil.serving import weights
-
     def body(console):
-        base = Path(cache) if cache is not None else weights.cache_dir()
-        # Each GGUF is hashed once a run: verify/assemble check it, convert trusts their answer.
-        if gguf is not None:
-            path = weights.verify(gguf)
-        else:
-            path = weights.assemble(base / weights.GGUF_NAME, on_build=lambda p: console.warn(f"assembling {p}"))
-        if gguf_only:
-            click.echo(str(path))
-            return 0
-        target = base / weights.HF_NAME
-        if not weights.converted(target):
-            console.warn(f"converting {path.name} into {target} (once; about two minutes on a CPU)")
-        click.echo(str(weights.convert(path, target, verified=True)))
-        return 0
+        from dphil.serving.request import WeightsRequest, run_weights
+
+        return run_weights(WeightsRequest(gguf=gguf, gguf_only=gguf_only, cache=cache), console)
 
     return execute("dphil-weights", quiet, body)

@@ -31,8 +31,8 @@ _EXPORTS = {
     "llm": (
         "Gateway",
         "LLMCallError",
-        "redact",
     ),
+    "redaction": ("redact",),
     "runner": (
         "run_models",
         "plan_models",

@@ -27,6 +27,7 @@ from typing import Any
 
 from dphil.agents.capped import DEFAULT_MAX_REPLY_BYTES, guarded
 from dphil.agents.reasons import describe
+from dphil.agents.redaction import known_secrets, redact
 from dphil.agents.registry import ModelSpec, public_url
 from dphil.io.errors import EX_UNAVAILABLE, DphilError, MissingExtraError
 
@@ -53,16 +54,6 @@ _NO_CREDENTIALS = re.compile(
     r"missing credentials|api[_ ]?key (?:is )?(?:missing|not set|required)|no api key",
     re.IGNORECASE,
 )
-_SECRET_ENV = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIALS?)$", re.IGNORECASE)
-# Shapes of credentials; a group 1, when present, is a label kept in front of [REDACTED].
-_SECRET_SHAPES = (
-    re.compile(r"\b(?:sk|pk|rk|xai|gsk|hf)[-_][A-Za-z0-9_\-]{8,}"),
-    re.compile(r"\bAIza[0-9A-Za-z_\-]{20,}"),
-    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._\-]{8,}"),
-    re.compile(r"(?i)([?&](?:key|api[-_]?key|token)=)[^&\s\"']+"),
-    re.compile(r"(?i)((?:api[-_]?key|x-api-key|authorization)[\"']?\s*[:=]\s*[\"']?)[^\s\"',}]{8,}"),
-)
-REDACTED = "[REDACTED]"
 
 _litellm: Any = None
 _unpriced: set[str] = set()
@@ -107,29 +98,6 @@ def litellm_module() -> Any:
 def _quiet_warnings() -> None:
     """litellm's own logging serialises every response and warns about its own types."""
     warnings.filterwarnings("ignore", message="Pydantic serializer warnings", category=UserWarning)
-
-
-# -- secrets --------------------------------------------------------------------------------
-
-
-def _mask(match: re.Match[str]) -> str:
-    return (match.group(1) if match.re.groups else "") + REDACTED
-
-
-def known_secrets(extra: tuple[str | None, ...] = ()) -> list[str]:
-    """Values that must never be printed: keys named by env variables, and `extra`."""
-    values = [v for k, v in os.environ.items() if _SECRET_ENV.search(k) and len(v) >= 6]
-    values.extend(v for v in extra if v and len(v) >= 4)
-    return sorted(set(values), key=len, reverse=True)
-
-
-def redact(text: str, secrets: list[str] | None = None) -> str:
-    """`text` with every known secret and anything shaped like a key replaced by [REDACTED]."""
-    for secret in secrets if secrets is not None else known_secrets():
-        text = text.replace(secret, REDACTED)
-    for shape in _SECRET_SHAPES:
-        text = shape.sub(_mask, text)
-    return text
 
 
 # -- limits ---------------------------------------------------------------------------------

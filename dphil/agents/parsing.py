@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from dphil.core.table import protocol_actions
+from dphil.core.protocols import protocol_actions
 
 _REASONING_TAGS = ("think", "thinking", "reasoning", "reflection")
 _TAGS = "|".join(_REASONING_TAGS)

@@ -18,16 +18,16 @@ from string import Template
 from typing import Any
 
 from dphil.agents.tools import ACTION_DESCRIPTIONS
-from dphil.core.table import (
+from dphil.core.protocols import (
     ALREADY_HELD,
     HELD_BY_NEIGHBOUR,
     LOST_CONFLICT,
     NEEDS_BOTH_FORKS,
     NO_ACTION,
     NOT_HOLDING,
-    Observation,
     protocol_actions,
 )
+from dphil.core.table import Observation
 from dphil.io.errors import ConfigError, NoInputError
 
 PROMPT_VARIANTS = ("default", "minimal", "resource-ordering", "symmetry-breaking")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dphil.core.table import PROTOCOLS, protocol_actions
+from dphil.core.protocols import PROTOCOLS, protocol_actions
 
 # What each action does, in words the model reads as the tool's description.
 ACTION_DESCRIPTIONS: dict[str, dict[str, str]] = {

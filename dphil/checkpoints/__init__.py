@@ -3,12 +3,14 @@
 from dphil._face import lazy_face
 
 _EXPORTS = {
-    "selection": (
+    "record": (
         "Checkpoint",
-        "Selection",
-        "select",
         "load_checkpoints",
         "read_inputs",
+    ),
+    "selection": (
+        "Selection",
+        "select",
         "BY",
         "RULES",
     ),
@@ -21,6 +23,10 @@ _EXPORTS = {
         "run_curve",
         "curve_image",
         "plot_selection",
+    ),
+    "request": (
+        "SelectRequest",
+        "run_select",
     ),
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dphil.checkpoints.selection import METRICS, Checkpoint, Curve, Located, Selection, check_checkpoint, record_curves
+from dphil.checkpoints.record import Checkpoint, Located, check_checkpoint
+from dphil.checkpoints.scores import METRICS, Curve, record_curves
+from dphil.checkpoints.selection import Selection
 from dphil.core.records import is_int
 from dphil.io.atomic import atomic_file
 from dphil.io.errors import DataError, MissingExtraError, OutputError, UsageError

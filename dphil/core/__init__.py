@@ -1,6 +1,7 @@
 """The table and its records: the engine, the scripted philosophers, playing and replaying an episode.
 
-Pure Python with no I/O beyond record serialisation; every later stage builds on it.
+Pure Python with no I/O beyond record serialisation; every later stage builds on it. `maths`,
+the statistics (numpy and scipy, imported on first use), knows nothing of episodes.
 """
 
 from dphil._face import lazy_face
@@ -9,8 +10,8 @@ _EXPORTS = {
     "table": (
         "Table",
         "Observation",
-        "protocol_actions",
     ),
+    "protocols": ("protocol_actions",),
     "policies": ("get_policy",),
     "records": (
         "EpisodeConfig",
@@ -24,6 +25,16 @@ _EXPORTS = {
         "play_line",
         "replay",
         "Outcome",
+    ),
+    "maths": (
+        "mean_ci",
+        "welch",
+        "hedges_g",
+        "paired",
+        "mcnemar",
+        "adjust",
+        "power",
+        "sample_size",
     ),
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)

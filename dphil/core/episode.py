@@ -12,12 +12,13 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from dphil.core.conflicts import Resolver, lowest_id, random_resolver
 from dphil.core.policies import Policy
+from dphil.core.protocols import IDLE_ACTIONS
 from dphil.core.records import EpisodeConfig, episode_record
-from dphil.core.table import IDLE_ACTIONS, Resolver, Table, lowest_id, random_resolver
+from dphil.core.table import Table
 from dphil.io.errors import DataError
 from dphil.io.jsonl import dumps
-from dphil.scoring.reward import action_counts
 
 # The policy's random stream is kept apart from the table's conflict coin so
 # that changing a policy never changes how conflicts fall for the same seed.
@@ -66,6 +67,12 @@ def _play(config: EpisodeConfig, policy: Policy, *, copy: bool) -> dict[str, Any
                 table.act(i, policy(table, i, rng))
             table.end_round()
     return episode_record(config, table)
+
+
+def action_counts(turns: list[dict], protocol: str) -> tuple[int, int, int]:
+    """(null actions, idle actions, all turns): what the reward's idle term is made of."""
+    actions = [t["action"] for t in turns]
+    return actions.count(None), actions.count(IDLE_ACTIONS[protocol]), len(actions)
 
 
 class Outcome(NamedTuple):

@@ -15,7 +15,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from dphil.core.table import FREE, IDLE_ACTIONS, PROTOCOLS, Table
+from dphil.core.protocols import IDLE_ACTIONS, PROTOCOLS
+from dphil.core.table import FREE, Table
 
 _ACTIONS = {name: tuple(actions) for name, actions in PROTOCOLS.items()}
 
@@ -36,7 +37,7 @@ def random_policy(table: Table, i: int, rng: random.Random | None) -> str | None
 random_policy.uses_rng = True  # type: ignore[attr-defined]
 
 
-def naive(table: Table, i: int, rng: random.Random) -> str | None:
+def naive(table: Table, i: int, rng: random.Random | None) -> str | None:
     """Left fork, then right, then eat, then put both down; deadlocks when all start together."""
     holder = table.holder
     right = (i + 1) % table.n
@@ -58,7 +59,7 @@ def naive(table: Table, i: int, rng: random.Random) -> str | None:
     return "pick-up-left"
 
 
-def hierarchy(table: Table, i: int, rng: random.Random) -> str | None:
+def hierarchy(table: Table, i: int, rng: random.Random | None) -> str | None:
     """Dijkstra's resource ordering: lower-numbered fork first, higher released first.
 
     Whoever holds exactly one fork holds its lower one, and philosophers 0 and
@@ -97,12 +98,12 @@ _LEFT_FIRST = {True: ("pick-up-left", "pick-up-right", "put-down-right"), False:
 _RIGHT_FIRST = {True: ("pick-up-right", "pick-up-left", "put-down-left"), False: ("grab-right", "grab-left", "release")}
 
 
-def idle(table: Table, i: int, rng: random.Random) -> str | None:
+def idle(table: Table, i: int, rng: random.Random | None) -> str | None:
     """Emits no action at all: the table where nobody acts (1.0 under the paper reward)."""
     return None
 
 
-def thinker(table: Table, i: int, rng: random.Random) -> str | None:
+def thinker(table: Table, i: int, rng: random.Random | None) -> str | None:
     """Always the explicit do-nothing action (`think`, or `wait` in dpbench)."""
     return IDLE_ACTIONS[table.protocol]
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
 from dphil import __version__
-from dphil.core.table import CONFLICTS, DEADLOCK_MODES, PROTOCOLS, SCHEDULES, Table
+from dphil.core.protocols import CONFLICTS, DEADLOCK_MODES, PROTOCOLS, SCHEDULES
+from dphil.core.table import Table
 from dphil.io.errors import DataError
 
 # 2: local models' turns keep their reply as `raw`, like API turns (1 called it `reply`).
@@ -232,7 +233,7 @@ def check_episode(record: dict[str, Any]) -> None:
         raise DataError("field 'n' must be at least 2 and 'rounds' at least 1")
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     """A JSON integer as parsed: an int that is not a boolean."""
     return isinstance(value, int) and not isinstance(value, bool)
 

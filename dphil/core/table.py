@@ -6,72 +6,41 @@ conflict resolution it always produces the same turns, which is what lets
 `dphil-score` replay a record to check it.
 
 Two protocols share one engine by mapping every action name to an internal
-opcode: `paper` (the study's six tools) and `dpbench` (DPBench's four actions
-with automatic eating and releasing).
+opcode (`dphil.core.protocols`): `paper` (the study's six tools) and `dpbench`
+(DPBench's four actions with automatic eating and releasing); who wins a
+contested fork is the conflict resolver's call (`dphil.core.conflicts`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-import orjson
-
-# Opcodes shared by both protocols.
-PICK_LEFT, PICK_RIGHT, PUT_LEFT, PUT_RIGHT, PUT_ALL, EAT, IDLE, NOOP = range(8)
-
-PROTOCOLS: dict[str, dict[str, int]] = {
-    "paper": {
-        "pick-up-left": PICK_LEFT,
-        "pick-up-right": PICK_RIGHT,
-        "put-down-left": PUT_LEFT,
-        "put-down-right": PUT_RIGHT,
-        "eat": EAT,
-        "think": IDLE,
-    },
-    "dpbench": {
-        "grab-left": PICK_LEFT,
-        "grab-right": PICK_RIGHT,
-        "release": PUT_ALL,
-        "wait": IDLE,
-    },
-}
-SCHEDULES = ("simultaneous", "sequential")
-CONFLICTS = ("random", "lowest-id")
-DEADLOCK_MODES = ("terminal", "continue")
-
-# Why an action did not take effect.
-HELD_BY_NEIGHBOUR = "held-by-neighbour"
-ALREADY_HELD = "already-held"
-NOT_HOLDING = "not-holding"
-NEEDS_BOTH_FORKS = "needs-both-forks"
-LOST_CONFLICT = "lost-conflict"
-NO_ACTION = "no-action"
-REASONS = (HELD_BY_NEIGHBOUR, ALREADY_HELD, NOT_HOLDING, NEEDS_BOTH_FORKS, LOST_CONFLICT, NO_ACTION)
-# A turn's outcome as a small int: OK, or 1 + the index of its reason in REASONS.
-OK = 0
-O_HELD_BY_NEIGHBOUR, O_ALREADY_HELD, O_NOT_HOLDING, O_NEEDS_BOTH_FORKS, O_LOST_CONFLICT, O_NO_ACTION = range(1, 7)
-_REASON_OF: tuple[str | None, ...] = (None, *REASONS)
+from dphil.core.conflicts import Resolver, lowest_id
+from dphil.core.protocols import (
+    _OPCODES,
+    _REASON_OF,
+    DEADLOCK_MODES,
+    IDLE,
+    NOOP,
+    O_ALREADY_HELD,
+    O_HELD_BY_NEIGHBOUR,
+    O_LOST_CONFLICT,
+    O_NEEDS_BOTH_FORKS,
+    O_NO_ACTION,
+    O_NOT_HOLDING,
+    OK,
+    PICK_LEFT,
+    PICK_RIGHT,
+    PROTOCOLS,
+    PUT_ALL,
+    PUT_LEFT,
+    PUT_RIGHT,
+)
+from dphil.core.turn_cache import _CACHED_ROUNDS, _SLOTS, _new_turn, _turn_slots
 
 FREE = -1
-
-# A conflict resolver gets (round, fork, lower_id, higher_id) and returns the winner.
-Resolver = Callable[[int, int, int, int], int]
-
-
-_ACTIONS = {name: tuple(codes) for name, codes in PROTOCOLS.items()}
-# Each protocol's opcodes with "no action" (None) included, so a round maps in one C call.
-_OPCODES: dict[str, dict[str | None, int]] = {name: {**codes, None: NOOP} for name, codes in PROTOCOLS.items()}
-
-
-def protocol_actions(protocol: str) -> tuple[str, ...]:
-    """The action names a protocol offers, in their canonical order."""
-    return _ACTIONS[protocol]
-
-
-# Each protocol's explicit do-nothing action: the idle term of the reward counts it.
-IDLE_ACTIONS = {"paper": "think", "dpbench": "wait"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,53 +382,6 @@ class Table:
         return self.round
 
 
-# Building a five-key dict is the largest single cost of a round, so each distinct
-# turn of a (protocol, round) is built once and kept in a slot by [philosopher]
-# [opcode][outcome]: rollouts copy it out (a copy is half the price), replays
-# compare recorded turns with it without copying. Slots are never handed out
-# uncopied to code that could change them. Only the first _CACHED_ROUNDS rounds
-# of tables up to _CACHED_N philosophers are kept (a few MB at most, never
-# cleared, so threads cannot race a clear); beyond them turns are built afresh.
-_CACHED_ROUNDS = 64
-_CACHED_N = 64
-_SLOTS: dict[str, list[list[list[list[dict | None]]] | None]] = {
-    protocol: [None] * (_CACHED_ROUNDS + 1) for protocol in PROTOCOLS
-}
-_UNCACHED: tuple[tuple[None, ...], ...] = ((None,) * 8,) * 8  # a philosopher's slots that keep nothing
-_NAMES = {
-    protocol: tuple(next((a for a, c in codes.items() if c == k), None) for k in range(8))
-    for protocol, codes in PROTOCOLS.items()
-}
-
-
-def _turn_slots(protocol: str, rnd: int, n: int) -> list:
-    """The turn slots of one protocol's round, for at least n philosophers."""
-    if rnd > _CACHED_ROUNDS or n > _CACHED_N:
-        return [_UNCACHED] * n
-    by_round = _SLOTS[protocol]
-    slots = by_round[rnd]
-    if slots is None or len(slots) < n:
-        have = slots or []
-        slots = by_round[rnd] = have + [[[None] * 8 for _ in range(8)] for _ in range(len(have), n)]
-    return slots
-
-
-def _new_turn(slots: list, protocol: str, rnd: int, i: int, code: int, out: int) -> dict:
-    turn = {
-        "round": rnd,
-        "philosopher": i,
-        "action": _NAMES[protocol][code],
-        "ok": out == OK,
-        "reason": _REASON_OF[out],
-    }
-    row = slots[i]
-    if row is _UNCACHED:
-        return turn
-    turn = orjson.loads(orjson.dumps(turn))  # keys as orjson's cached strings: a parsed turn compares by identity
-    row[code][out] = turn
-    return turn
-
-
 @lru_cache(maxsize=64)
 def _geometry(n: int) -> tuple[list[int], list[int], list[int]]:
     """Per table size: the two deadlock patterns, and each philosopher's right fork (i+1) mod n.
@@ -470,34 +392,3 @@ def _geometry(n: int) -> tuple[list[int], list[int], list[int]]:
     the whole deadlock check. The lists are shared and never mutated.
     """
     return list(range(n)), [(f - 1) % n for f in range(n)], [*range(1, n), 0]
-
-
-def lowest_id(_round: int, _fork: int, a: int, b: int) -> int:
-    """DPBench's rule: the lower philosopher id wins a contested fork."""
-    return a
-
-
-def random_resolver(seed: int) -> Resolver:
-    """A fair coin per conflict, fixed by (seed, round, fork).
-
-    A counter-based hash (SplitMix64) instead of a stateful generator: each
-    conflict's outcome depends only on where it happens, costs no generator
-    set-up for the many episodes without conflicts, and can be recomputed
-    independently of how many conflicts came before.
-    """
-
-    def resolve(rnd: int, fork: int, a: int, b: int) -> int:
-        return a if coin(seed, rnd, fork) else b
-
-    return resolve
-
-
-_MASK = (1 << 64) - 1
-
-
-def coin(seed: int, rnd: int, fork: int) -> bool:
-    """SplitMix64 of the conflict's coordinates; True with probability 1/2."""
-    z = (seed * 0x9E3779B97F4A7C15 + rnd * 0xBF58476D1CE4E5B9 + fork * 0x94D049BB133111EB) & _MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return not (z ^ (z >> 31)) & 1

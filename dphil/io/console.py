@@ -51,6 +51,11 @@ class Console:
         """Progress bars only on a terminal, and never with -q."""
         return not self.quiet and self.stderr_is_tty
 
+    def report(self, message: str) -> None:
+        """What a run wrote and where, for a person at a terminal (not for logs or pipes; not with -q)."""
+        if self.show_progress:
+            self.error(message)
+
     def warn(self, message: str) -> None:
         """A message for the user; silenced by -q."""
         if not self.quiet:

@@ -46,7 +46,7 @@ EX_INTERRUPTED = ExitStatus.INTERRUPTED
 class DphilError(Exception):
     """Base error: a message for the user and the exit status to leave with."""
 
-    exit_code = EX_SOFTWARE
+    exit_code: int = EX_SOFTWARE  # an ExitStatus, or any status a caller passes
 
     def __init__(self, message: str, *, exit_code: int | None = None) -> None:
         super().__init__(message)

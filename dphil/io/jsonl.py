@@ -25,7 +25,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import orjson
 
@@ -43,7 +43,10 @@ def open_input(source: str, stdin: IO[bytes] | None = None) -> IO[bytes]:
     """Open a path or `-` for binary reading, unwrapping gzip by its magic bytes."""
     if source == "-":
         raw = stdin if stdin is not None else sys.stdin.buffer
-        stream: IO[bytes] = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)  # type: ignore[arg-type]
+        # Any binary stream with readinto() will do; typeshed's BufferedReader asks for a RawIOBase.
+        stream: io.BufferedReader = (
+            raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(cast(io.RawIOBase, raw))
+        )
     else:
         try:
             stream = open(source, "rb")  # noqa: SIM115 - closed by the reader
@@ -56,7 +59,7 @@ def open_input(source: str, stdin: IO[bytes] | None = None) -> IO[bytes]:
         except OSError as e:
             raise NoInputError(f"{source}: {e.strerror}") from None
     try:
-        head = stream.peek(2)[:2]  # type: ignore[attr-defined]
+        head = stream.peek(2)[:2]
     except (AttributeError, io.UnsupportedOperation):
         head = b""
     if head == _GZIP_MAGIC:
@@ -227,7 +230,7 @@ class RecordWriter:
             self._stream = True
             self._fd = stdout_fd if stdout_fd is not None else _fileno(sys.stdout)
             if self._fd is None:  # stdout replaced by an in-memory stream (tests, notebooks)
-                self._buffer = getattr(sys.stdout, "buffer", sys.stdout)
+                self._buffer = cast(IO[bytes], getattr(sys.stdout, "buffer", sys.stdout))
             return
         self._stream = False
         self._sync = not is_special(path)  # a device or FIFO is written in place and not fsynced
@@ -303,6 +306,7 @@ class RecordWriter:
                     self.flush()
         finally:
             if not self._stream:
+                assert self._fd is not None  # a file was opened in __init__
                 try:
                     if self._sync and (success or self.mode == "append"):
                         os.fsync(self._fd)
@@ -310,7 +314,8 @@ class RecordWriter:
                     os.close(self._fd)
                 if self._tmp is not None:
                     if success:
-                        publish(self._tmp, self.path)  # type: ignore[arg-type]
+                        assert self.path is not None  # a temporary file stands in for a path
+                        publish(self._tmp, self.path)
                     else:
                         discard(self._tmp)
 

@@ -17,9 +17,11 @@ _EXPORTS = {
     ),
     "model": (
         "LocalModel",
+        "LORA_TARGETS",
+    ),
+    "loading": (
         "load_pretrained",
         "load_adapter",
-        "LORA_TARGETS",
     ),
     "packing": (
         "pack",

@@ -82,7 +82,7 @@ class LocalEntry:
 def checkpoint_entries(sources: Sequence[str], *, run: str | None = None) -> list[LocalEntry]:
     """One entry per checkpoint record (adapter directories must exist: exit 66 otherwise)."""
     from dphil.checkpoints.export import adapter_dir
-    from dphil.checkpoints.selection import load_checkpoints
+    from dphil.checkpoints.record import load_checkpoints
     from dphil.io.errors import DataError
 
     entries = []

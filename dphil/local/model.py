@@ -13,19 +13,26 @@ Two ways to decide, both batched over every philosopher waiting for a move:
 
 The same object serves `dphil-rollout -m hf:PATH --adapter DIR` (evaluation)
 and the peft training backend (which also needs the log-probabilities of what
-it sampled). torch and transformers are imported when a model is loaded.
+it sampled). torch and transformers are imported when a model is loaded
+(`dphil.local.loading`).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from dphil.agents.chat_templates import ensure_chat_template, for_family
-from dphil.io.errors import DataError, MissingExtraError, NoInputError, UsageError
+from dphil.io.errors import UsageError
+from dphil.local.loading import (
+    import_torch_stack,
+    load_adapter,
+    load_pretrained,
+    resolve_device,
+    resolve_dtype,
+    return_freed_memory,
+)
 from dphil.local.packing import pack
 
 DECODE_MODES = ("constrained", "free")
@@ -52,62 +59,6 @@ class Decision:
     candidate: int | None = None
     candidates: tuple[str, ...] = ()
     extras: dict[str, Any] = field(default_factory=dict)
-
-
-def import_torch_stack() -> tuple[Any, Any]:
-    """torch and transformers, or a MissingExtraError saying what to install."""
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        raise MissingExtraError(
-            f"local models need torch and transformers ({e.name} is missing): pip install 'dphil[train]'"
-        ) from None
-    # Deprecation chatter from the stack is not the user's problem; stderr is for progress.
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)\.")
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    return torch, transformers
-
-
-def resolve_device(device: str) -> str:
-    torch, _ = import_torch_stack()
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {device}: no CUDA device is available")
-    return device
-
-
-def resolve_dtype(dtype: str, device: str) -> Any:
-    torch, _ = import_torch_stack()
-    if dtype == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    try:
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    except KeyError:
-        raise UsageError(f"--dtype: unknown {dtype!r} (auto, float32, bfloat16, float16)") from None
-
-
-def return_freed_memory() -> None:
-    """Serve blocks of 1 MiB and more straight from mmap (glibc), so freeing one returns it.
-
-    A training step frees and reallocates gigabytes of activations per backward
-    pass; glibc's default (an mmap threshold that rises as big blocks are freed)
-    keeps them in its heaps, fragmented, and a real model's step grew from 3.5 to
-    5.5 GB of resident memory that was mostly free. Elsewhere this is a no-op.
-    """
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    mallopt(m_mmap_threshold, 1 << 20)
-    mallopt(m_trim_threshold, 1 << 20)
 
 
 class LocalModel:
@@ -425,40 +376,6 @@ class LocalModel:
         return self.token_logprobs([(d.prompt_ids, d.completion_ids) for d in decisions], temperature=temperature)
 
 
-def load_adapter(model: Any, adapter: str, *, trainable: bool) -> Any:
-    """Wrap `model` with the LoRA adapter saved in directory `adapter`."""
-    try:
-        from peft import PeftModel
-    except ImportError:
-        raise MissingExtraError("LoRA adapters need peft: pip install 'dphil[train]'") from None
-    if not (Path(adapter) / "adapter_config.json").is_file():
-        raise NoInputError(f"{adapter}: not an adapter directory (no adapter_config.json)")
-    return PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
-
-
-def load_pretrained(transformers: Any, path: str, dtype: Any) -> tuple[Any, Any]:
-    """Tokenizer and causal LM from `path`; one line naming it when they cannot be loaded.
-
-    Exit 66 when there is no model there (no directory, no config.json, missing
-    files), 65 when what is there is broken (unreadable config, truncated weights).
-    """
-    p = Path(path)
-    local = p.exists() or path.startswith((".", "/", "~"))
-    if local and not (p / "config.json").is_file():
-        what = "no config.json" if p.is_dir() else "no such directory"
-        raise NoInputError(f"{path}: not a transformers model directory ({what})")
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except OSError as e:  # files missing (or not in the local hub cache), or unreadable
-        missing = not local or "does not appear to have" in str(e) or "no file named" in str(e)
-        error = NoInputError if missing else DataError
-        raise error(f"{path}: cannot load the model: {_first_line(e)}") from None
-    except Exception as e:  # transformers raises ValueError, KeyError, safetensors errors...
-        raise DataError(f"{path}: cannot load the model: {type(e).__name__}: {_first_line(e)}") from None
-    return tokenizer, model
-
-
 def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
     """The tokens that end a reply: the chat format's end of turn first (constrained replies end so)."""
     family = for_family(getattr(model.config, "model_type", None))
@@ -475,8 +392,3 @@ def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
     if not ids:
         raise UsageError("the model's tokenizer has no end-of-turn token")
     return ids
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__

@@ -21,8 +21,9 @@ from dphil.agents.parsing import parse_reply
 from dphil.agents.prompts import Prompt, observation_text
 from dphil.agents.tools import tool_specs
 from dphil.core.episode import new_table
+from dphil.core.protocols import protocol_actions
 from dphil.core.records import EpisodeConfig, episode_record
-from dphil.core.table import Table, protocol_actions
+from dphil.core.table import Table
 from dphil.local.model import Decision, LocalModel
 
 

@@ -3,14 +3,17 @@
 from dphil._face import lazy_face
 
 _EXPORTS = {
-    "cells": (
-        "Compare",
+    "frame": (
         "Episodes",
         "load",
-        "cell_records",
+    ),
+    "cells": ("cell_records",),
+    "comparisons": (
+        "Compare",
         "comparison_records",
     ),
-    "maths": (
+    # The statistics live in dphil.core.maths; the results face still shows them.
+    "dphil.core.maths": (
         "mean_ci",
         "welch",
         "hedges_g",
@@ -28,6 +31,10 @@ _EXPORTS = {
         "plot",
     ),
     "html_report": ("render_page",),
+    "request": (
+        "StatsRequest",
+        "run_stats",
+    ),
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
 __getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

@@ -3,14 +3,14 @@
 The page holds the cell table with its intervals and the comparison tests
 (the same rows as `--format markdown`, from `dphil.results.report`), the reward and
 deadlock-rate plot by N (inline SVG, when matplotlib is installed), and the
-timelines of a few episodes of every cell (`dphil.show.timeline`), linked from the
+timelines of a few episodes of every cell (`dphil.show.svg`), linked from the
 table. Everything is inline: no script or style is fetched. With `--no-cells`
 the page keeps only the comparisons, as the other formats do: no cell table,
 plot or timelines.
 
 dphil-stats reads a million episodes as a polars frame of a few fields; the
 page must not undo that by keeping whole episodes. `EpisodeSample` sees each
-source once it has been read (`dphil.results.cells.load(keep=...)`, with the bytes
+source once it has been read (`dphil.results.frame.load(keep=...)`, with the bytes
 already in memory for stdin, gzip and pipes) and keeps only the first `k`
 complete episodes of each cell: the frame names their rows, and only those
 lines of the source are parsed again.
@@ -306,7 +306,8 @@ def _plots(cells: list[dict[str, Any]], by: Sequence[str]) -> str:
 
 
 def _timelines(cells: list[dict[str, Any]], labels: list[str], sample: EpisodeSample | None) -> str:
-    from dphil.show.timeline import describe, episode_svg, outcome_text, reward_text, timeline
+    from dphil.show.svg import episode_svg
+    from dphil.show.timeline import describe, outcome_text, reward_text, timeline
     from dphil.show.viewer import legend_html
 
     if sample is None or sample.k <= 0:

@@ -3,13 +3,8 @@
 from dphil._face import lazy_face
 
 _EXPORTS = {
-    "grid": (
-        "Grid",
-        "RolloutRequest",
-        "RunStats",
-        "run_request",
-        "run_scripted",
-    ),
+    "grid": ("Grid", "RunStats", "run_scripted", "parse_int_list", "parse_shard", "parse_tags"),
+    "request": ("RolloutRequest", "run_request"),
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
 __getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

@@ -13,6 +13,11 @@ _EXPORTS = {
         "Scorer",
         "score_record",
     ),
+    "request": (
+        "RewardRequest",
+        "ScoreRequest",
+        "run_score",
+    ),
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
 __getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

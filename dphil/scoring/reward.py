@@ -77,7 +77,7 @@ def score(
     protocol: str,
     n: int,
     rounds: int,
-    meals: list[int],
+    meals: Sequence[int],
     deadlock: bool,
     deadlock_round: int | None,
     rounds_played: int,

@@ -17,6 +17,10 @@ _EXPORTS = {
         "llamacpp_server",
         "transformers_server",
     ),
+    "request": (
+        "WeightsRequest",
+        "run_weights",
+    ),
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
 __getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

@@ -7,8 +7,8 @@ _EXPORTS = {
         "Timeline",
         "timeline",
         "render_text",
-        "episode_svg",
     ),
+    "svg": ("episode_svg",),
     "viewer": ("EpisodePage",),
     "choose": (
         "ShowRequest",

@@ -21,7 +21,8 @@ from dphil.io.atomic import atomic_file
 from dphil.io.console import Console
 from dphil.io.errors import EX_CANTCREAT, DataError, OutputError, UsageError
 from dphil.io.jsonl import RecordReader
-from dphil.show.timeline import Timeline, episode_svg, render_text, timeline
+from dphil.show.svg import episode_svg
+from dphil.show.timeline import Timeline, render_text, timeline
 from dphil.show.viewer import EpisodePage, source_label
 
 _ID_LENGTH = 16  # episode ids are 16 hex digits; anything shorter made of digits is an index
@@ -230,7 +231,7 @@ def _created(path: str) -> Iterator[IO[bytes]]:
         yield fh
 
 
-def _to_output(path: str | None, write: Callable[[IO[bytes]], None]) -> None:
+def _to_output(path: str | None, write: Callable[[IO[bytes]], object]) -> None:
     """Run `write` on -o FILE (published only if it succeeds) or on stdout."""
     if path is None or path == "-":
         out = sys.stdout.buffer

@@ -15,7 +15,8 @@ from typing import IO, Any
 
 import orjson
 
-from dphil.show.timeline import CELL, Timeline, describe, episode_svg, legend_svg, outcome_text, reward_terms, timeline
+from dphil.show.svg import CELL, episode_svg, legend_svg
+from dphil.show.timeline import Timeline, describe, outcome_text, reward_terms, timeline
 
 STYLE = """
 :root{--ink:#1f2328;--muted:#636c76;--line:#d8dee4;--bg:#f6f8fa;--bad:#d62728}

@@ -26,7 +26,10 @@ _EXPORTS = {
         "TrainConfig",
         "run_training",
     ),
-    "launch": ("launch",),
+    "launch": (
+        "TrainRequest",
+        "launch",
+    ),
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
 __getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dphil.core.episode import recorded_winner
-from dphil.core.table import IDLE_ACTIONS, PICK_LEFT, PICK_RIGHT, Table
+from dphil.core.protocols import IDLE_ACTIONS, PICK_LEFT, PICK_RIGHT
+from dphil.core.table import Table
 from dphil.scoring.reward import TERMS
 from dphil.train.grpo import GroupAdvantages, group_advantages
 

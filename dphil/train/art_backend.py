@@ -392,7 +392,7 @@ class ArtBackend:
     def train_groups(self, groups: Sequence[Any], *, step: int) -> dict[str, float]:
         mode = self.settings.advantage
         tgroups = art_groups(self.art, groups, mode)
-        extra = {"scale_rewards": False} if mode == "step" else {}
+        extra: dict[str, Any] = {"scale_rewards": False} if mode == "step" else {}
         self.loop.run_until_complete(
             self.backend.train(self.model, tgroups, learning_rate=self.settings.learning_rate, **extra)
         )

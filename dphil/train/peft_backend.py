@@ -18,7 +18,8 @@ from typing import Any
 from dphil.agents.prompts import Prompt
 from dphil.core.records import EpisodeConfig
 from dphil.io.errors import MissingExtraError
-from dphil.local.model import LORA_TARGETS, Decision, LocalModel, load_adapter
+from dphil.local.loading import load_adapter
+from dphil.local.model import LORA_TARGETS, Decision, LocalModel
 from dphil.local.play import Played, play_episodes
 from dphil.train.grpo import grpo_loss
 

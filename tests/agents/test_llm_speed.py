@@ -10,8 +10,9 @@ import asyncio
 import openai
 import pytest
 
-from dphil.agents.llm import REDACTED, Gateway, Limits, LLMCallError
+from dphil.agents.llm import Gateway, Limits, LLMCallError
 from dphil.agents.prompts import builtin_prompt, observation_text
+from dphil.agents.redaction import REDACTED
 from dphil.agents.registry import ModelSpec
 from dphil.agents.tools import tool_specs
 from dphil.core.table import Table

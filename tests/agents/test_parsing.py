@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dphil.agents.parsing import normalise_action, parse_reply, strip_reasoning
-from dphil.core.table import protocol_actions
+from dphil.core.protocols import protocol_actions
 
 
 def call(name, arguments="{}", cid=None):

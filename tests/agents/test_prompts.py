@@ -14,7 +14,8 @@ from dphil.agents.prompts import (
     talk_text,
 )
 from dphil.agents.tools import tool_specs
-from dphil.core.table import Table, protocol_actions
+from dphil.core.protocols import protocol_actions
+from dphil.core.table import Table
 from dphil.io.errors import ConfigError, NoInputError
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from dphil.checkpoints.selection import load_checkpoints, located, read_inputs, select
+from dphil.checkpoints.record import load_checkpoints, located, read_inputs
+from dphil.checkpoints.selection import select
 from dphil.core.episode import play
 from dphil.core.policies import get_policy
 from dphil.core.records import EpisodeConfig

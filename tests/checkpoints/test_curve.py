@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dphil.checkpoints.curve import curve_image, run_curve
-from dphil.checkpoints.selection import located
+from dphil.checkpoints.record import located
 from dphil.io.errors import DataError
 from dphil.io.jsonl import RecordReader
 from tests.support.commands import command_path, keep_picture, run

@@ -8,8 +8,8 @@ import pytest
 
 from dphil.core.episode import play
 from dphil.core.policies import POLICIES, get_policy
+from dphil.core.protocols import protocol_actions
 from dphil.core.records import EpisodeConfig
-from dphil.core.table import protocol_actions
 
 PROTOCOLS = ("paper", "dpbench")
 SCHEDULES = ("simultaneous", "sequential")

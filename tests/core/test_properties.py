@@ -7,10 +7,12 @@ import copy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dphil.core.conflicts import random_resolver
 from dphil.core.episode import play, replay
 from dphil.core.policies import POLICIES
+from dphil.core.protocols import protocol_actions
 from dphil.core.records import EpisodeConfig, episode_record
-from dphil.core.table import FREE, Table, protocol_actions, random_resolver
+from dphil.core.table import FREE, Table
 from dphil.io.errors import DataError
 
 settings.register_profile("dphil", max_examples=150, deadline=None)
@@ -46,7 +48,7 @@ def random_episodes(draw):
 
 def run_script(cfg, script) -> tuple[Table, list[list[int]]]:
     """Play the scripted actions, checking invariants after every step."""
-    from dphil.core.table import lowest_id
+    from dphil.core.conflicts import lowest_id
 
     resolve = lowest_id if cfg["conflict"] == "lowest-id" else random_resolver(cfg["seed"])
     t = Table(cfg["n"], cfg["rounds"], protocol=cfg["protocol"], deadlock_mode=cfg["deadlock_mode"], resolve=resolve)
@@ -139,14 +141,7 @@ def settle_by_apply_code(t: Table, actions) -> list[tuple]:
     both neighbours reach for while it lies free goes to the resolver's winner),
     then eating, thinking and no-ops.
     """
-    from dphil.core.table import (
-        O_LOST_CONFLICT,
-        OK,
-        PICK_LEFT,
-        PICK_RIGHT,
-        PUT_ALL,
-        REASONS,
-    )
+    from dphil.core.protocols import O_LOST_CONFLICT, OK, PICK_LEFT, PICK_RIGHT, PUT_ALL, REASONS
 
     codes = [t.code(a) for a in actions]
     n = t.n
@@ -249,16 +244,16 @@ def test_episode_ids_of_clones_hash_the_whole_identity(cfg, variant, seed):
 
 def test_big_tables_and_late_rounds_build_turns_afresh():
     """Turn dicts are kept only for small tables' early rounds; past that the engine builds them, alike."""
-    from dphil.core import table as table_module
+    from dphil.core import turn_cache
     from dphil.core.episode import play_line
     from dphil.io.jsonl import dumps
 
-    for n, rounds in ((table_module._CACHED_N + 6, 3), (5, table_module._CACHED_ROUNDS + 6)):
+    for n, rounds in ((turn_cache._CACHED_N + 6, 3), (5, turn_cache._CACHED_ROUNDS + 6)):
         config = EpisodeConfig(model="scripted:random", n=n, rounds=rounds, deadlock_mode="continue", seed=n)
         assert play_line(config, POLICIES["random"]) == dumps(play(config, POLICIES["random"]))
-    for by_round in table_module._SLOTS.values():
-        assert len(by_round) == table_module._CACHED_ROUNDS + 1
-        assert all(slots is None or len(slots) <= table_module._CACHED_N for slots in by_round)
+    for by_round in turn_cache._SLOTS.values():
+        assert len(by_round) == turn_cache._CACHED_ROUNDS + 1
+        assert all(slots is None or len(slots) <= turn_cache._CACHED_N for slots in by_round)
 
 
 def test_threads_playing_at_once_write_the_same_records():

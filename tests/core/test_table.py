@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from dphil.core.table import (
+from dphil.core.conflicts import lowest_id, random_resolver
+from dphil.core.protocols import (
     ALREADY_HELD,
-    FREE,
     HELD_BY_NEIGHBOUR,
     LOST_CONFLICT,
     NEEDS_BOTH_FORKS,
     NO_ACTION,
     NOT_HOLDING,
-    Table,
-    lowest_id,
     protocol_actions,
-    random_resolver,
 )
+from dphil.core.table import FREE, Table
 
 
 def turn_of(table: Table, r: int, i: int) -> dict:

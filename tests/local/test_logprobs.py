@@ -18,8 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
 
-from dphil.local.model import LORA_TARGETS, LocalModel  # noqa: E402
 from dphil.local import model as hf_policy  # noqa: E402
+from dphil.local.model import LORA_TARGETS, LocalModel  # noqa: E402
 
 # The two computations differ only in summation order (packed rows, masked attention, head
 # slices recomputed in backward). Log-probabilities are O(1) and are compared element by

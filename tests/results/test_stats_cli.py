@@ -124,7 +124,7 @@ def test_cells_and_comparisons_from_a_file(episodes):
     ]
     assert len(comps) == 4 and all("power" in c for c in comps)
     # Holm over the four Welch p values.
-    from dphil.results.maths import adjust
+    from dphil.core.maths import adjust
 
     assert [c["p_adjusted"] for c in comps] == adjust([c["p_value"] for c in comps], "holm")
     # The idle cells are all inaction: said on stderr, once per cell.

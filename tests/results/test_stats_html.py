@@ -211,7 +211,7 @@ def test_timelines_are_a_usage_error_without_cells(made):
 
 def test_the_sample_keeps_k_per_cell_of_a_large_input(tmp_path):
     """500 episodes per cell in, K per cell kept: memory follows K, not the input."""
-    from dphil.results import cells
+    from dphil.results import frame
 
     ep = tmp_path / "big.jsonl"
     rollout = run(["dphil-rollout", "-m", "scripted:naive", "-m", "scripted:hierarchy", "-n", "3", "--episodes", "500"])
@@ -220,7 +220,7 @@ def test_the_sample_keeps_k_per_cell_of_a_large_input(tmp_path):
     ep.write_bytes(score.stdout)
     for k in (1, 4):
         sample = EpisodeSample(["model", "n"], k)
-        loaded = cells.load([str(ep)], ["model", "n"], keep=sample)
+        loaded = frame.load([str(ep)], ["model", "n"], keep=sample)
         assert loaded.frame.height == 1000
         assert sorted(sample.kept) == [("scripted:hierarchy", "3"), ("scripted:naive", "3")]
         assert [len(v) for v in sample.kept.values()] == [k, k]
@@ -231,7 +231,7 @@ def test_the_sample_keeps_k_per_cell_of_a_large_input(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b"".join([lines[0], b"{not json\n", *lines[1:]]))
     sample = EpisodeSample(["model", "n"], 3)
-    loaded = cells.load([str(bad)], ["model", "n"], keep=sample, on_error="skip")
+    loaded = frame.load([str(bad)], ["model", "n"], keep=sample, on_error="skip")
     assert loaded.skipped == 1 and loaded.frame.height == 1000
     for key, got in sample.kept.items():
         assert [e["seed"] for e in got] == [0, 1, 2], key

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from dphil.core.table import protocol_actions
+from dphil.core.protocols import protocol_actions
 from tests.support.commands import run
 
 pytestmark = pytest.mark.real_model

@@ -18,7 +18,7 @@ from importlib.util import find_spec
 
 import pytest
 
-from dphil.core.table import PROTOCOLS
+from dphil.core.protocols import PROTOCOLS
 from dphil.serving.processes import free_port, llamacpp_server, transformers_server
 from tests.support.commands import need_system_part, run
 

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dphil.core.episode import new_table
+from dphil.core.protocols import protocol_actions
 from dphil.core.records import EpisodeConfig, episode_record
-from dphil.core.table import protocol_actions
 from dphil.scoring.reward import RewardSpec
 from dphil.scoring.score import score_record
 from dphil.train.advantages import (

@@ -1,4 +1,4 @@
-"""dphil.results.maths against scipy, statsmodels and hand computation; dphil.results.cells on real episodes."""
+"""dphil.core.maths against scipy, statsmodels and hand computation; dphil.results on real episodes."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ from statsmodels.stats.proportion import (
     proportions_ztest,
 )
 
+from dphil.core import maths as stats
 from dphil.core.episode import play
 from dphil.core.policies import get_policy
 from dphil.core.records import EpisodeConfig
 from dphil.io.errors import DataError, UsageError
-from dphil.results import cells
-from dphil.results import maths as stats
+from dphil.results import cells, comparisons, fields, frame
 from dphil.scoring.reward import RewardSpec
 from dphil.scoring.score import score_record
 
@@ -309,7 +309,7 @@ def errored(record: dict) -> dict:
 
 def test_cells_agree_with_a_direct_computation(tmp_path, grid):
     path = write(tmp_path / "ep.jsonl", grid)
-    ep = cells.load([path], ["model", "n"])
+    ep = frame.load([path], ["model", "n"])
     got = {(c["model"], c["n"]): c for c in cells.cell_records(ep, ["model", "n"])}
     assert len(got) == 8
     for (model, n), c in got.items():
@@ -351,7 +351,7 @@ def test_degenerate_cells_warn_and_errors_are_counted_not_used(tmp_path, grid):
     recs += scored("hierarchy", 5, range(3, 8))
     path = write(tmp_path / "ep.jsonl", recs)
     warnings: list[str] = []
-    out = cells.cell_records(cells.load([path], ["model"]), ["model"], warn=warnings.append)
+    out = cells.cell_records(frame.load([path], ["model"]), ["model"], warn=warnings.append)
     hier = next(c for c in out if c["model"] == "scripted:hierarchy")
     assert hier["episodes"] == 5 and hier["errors"] == 3
     expected = np.mean([r["reward"]["total"] for r in recs[7:]])
@@ -363,7 +363,7 @@ def test_degenerate_cells_warn_and_errors_are_counted_not_used(tmp_path, grid):
 
 def test_cell_of_one_episode_and_cell_of_only_errors(tmp_path):
     recs = scored("random", 5, [3]) + [errored(r) for r in scored("naive", 5, [1, 2])]
-    out = cells.cell_records(cells.load([write(tmp_path / "e.jsonl", recs)], ["model"]), ["model"])
+    out = cells.cell_records(frame.load([write(tmp_path / "e.jsonl", recs)], ["model"]), ["model"])
     one, none = out[1], out[0]
     assert one["episodes"] == 1 and one["reward_std"] is None and one["reward_ci"] is None
     assert one["deadlock_ci"] is not None
@@ -374,16 +374,16 @@ def test_cell_of_one_episode_and_cell_of_only_errors(tmp_path):
 def test_empty_input(tmp_path):
     path = tmp_path / "empty.jsonl"
     path.write_bytes(b"\n\n")
-    ep = cells.load([str(path)], ["model", "n"])
+    ep = frame.load([str(path)], ["model", "n"])
     assert ep.frame.height == 0
     assert cells.cell_records(ep, ["model", "n"]) == []
 
 
 def test_comparison_pairs_by_seed_and_matches_scipy(tmp_path):
     recs = scored("random", 5, range(20)) + scored("hierarchy", 5, range(20))
-    ep = cells.load([write(tmp_path / "ep.jsonl", recs)], ["model", "n"])
-    [comp] = cells.comparison_records(
-        ep, ["model", "n"], [cells.Compare("model", "scripted:random", "scripted:hierarchy")], power=True
+    ep = frame.load([write(tmp_path / "ep.jsonl", recs)], ["model", "n"])
+    [comp] = comparisons.comparison_records(
+        ep, ["model", "n"], [comparisons.Compare("model", "scripted:random", "scripted:hierarchy")], power=True
     )
     ra = np.array([r["reward"]["total"] for r in recs[:20]])
     rb = np.array([r["reward"]["total"] for r in recs[20:]])
@@ -404,8 +404,10 @@ def test_comparisons_unpaired_when_seeds_differ_and_holm_across_groups(tmp_path)
     recs = []
     for n in (5, 10):
         recs += scored("random", n, range(10)) + scored("greedy", n, range(100, 110))
-    ep = cells.load([write(tmp_path / "ep.jsonl", recs)], ["model", "n"])
-    comps = cells.comparison_records(ep, ["model", "n"], [cells.Compare("model", "scripted:random", "scripted:greedy")])
+    ep = frame.load([write(tmp_path / "ep.jsonl", recs)], ["model", "n"])
+    comps = comparisons.comparison_records(
+        ep, ["model", "n"], [comparisons.Compare("model", "scripted:random", "scripted:greedy")]
+    )
     assert [c["n"] for c in comps] == [5, 10]
     assert all(c["paired"] is False and c["paired_tests"] is None for c in comps)
     holm = stats.adjust([c["p_value"] for c in comps], "holm")
@@ -416,31 +418,36 @@ def test_comparisons_unpaired_when_seeds_differ_and_holm_across_groups(tmp_path)
 def test_comparison_skips_a_group_missing_an_arm_and_rejects_unknown_values(tmp_path):
     recs = scored("random", 5, range(5)) + scored("random", 10, range(5))
     recs += scored("hierarchy", 5, range(5))
-    ep = cells.load([write(tmp_path / "ep.jsonl", recs)], ["model", "n"])
+    ep = frame.load([write(tmp_path / "ep.jsonl", recs)], ["model", "n"])
     warnings: list[str] = []
-    comps = cells.comparison_records(
-        ep, ["model", "n"], [cells.Compare("model", "scripted:random", "scripted:hierarchy")], warn=warnings.append
+    comps = comparisons.comparison_records(
+        ep,
+        ["model", "n"],
+        [comparisons.Compare("model", "scripted:random", "scripted:hierarchy")],
+        warn=warnings.append,
     )
     assert [c["n"] for c in comps] == [5]
     assert any("n=10" in w and "skipped" in w for w in warnings)
     with pytest.raises(UsageError, match="no episodes with model = 'gpt-x'"):
-        cells.comparison_records(ep, ["model", "n"], [cells.Compare("model", "scripted:random", "gpt-x")])
+        comparisons.comparison_records(ep, ["model", "n"], [comparisons.Compare("model", "scripted:random", "gpt-x")])
 
 
 def test_free_fields_get_number_types_and_can_be_compared(tmp_path):
     recs = scored("random", 5, range(6), checkpoint_step=0)
     recs += scored("random", 5, range(6, 12), checkpoint_step=200)
-    ep = cells.load([write(tmp_path / "ep.jsonl", recs)], ["checkpoint_step"])
+    ep = frame.load([write(tmp_path / "ep.jsonl", recs)], ["checkpoint_step"])
     assert ep.frame.schema["checkpoint_step"] == pl.Int64
     out = cells.cell_records(ep, ["checkpoint_step"])
     assert [c["checkpoint_step"] for c in out] == [0, 200]
-    [comp] = cells.comparison_records(ep, ["checkpoint_step"], [cells.Compare("checkpoint_step", "0", "200")])
+    [comp] = comparisons.comparison_records(
+        ep, ["checkpoint_step"], [comparisons.Compare("checkpoint_step", "0", "200")]
+    )
     assert comp["a"]["value"] == 0 and comp["b"]["value"] == 200 and comp["paired"] is False
 
 
 def test_missing_grouping_field_is_its_own_null_group(tmp_path):
     recs = scored("random", 5, range(3), prompt="v2") + scored("random", 5, range(3))
-    out = cells.cell_records(cells.load([write(tmp_path / "e.jsonl", recs)], ["prompt"]), ["prompt"])
+    out = cells.cell_records(frame.load([write(tmp_path / "e.jsonl", recs)], ["prompt"]), ["prompt"])
     assert [(c["prompt"], c["episodes"]) for c in out] == [("v2", 3), (None, 3)]
 
 
@@ -448,7 +455,7 @@ def test_usage_totals(tmp_path):
     recs = scored("random", 5, range(3))
     recs[0]["usage"] = {"prompt_tokens": 1000, "completion_tokens": 50, "cost": 0.25}
     recs[1]["usage"] = {"prompt_tokens": 10, "completion_tokens": 5, "cost": None}
-    [c] = cells.cell_records(cells.load([write(tmp_path / "e.jsonl", recs)], ["model"]), ["model"])
+    [c] = cells.cell_records(frame.load([write(tmp_path / "e.jsonl", recs)], ["model"]), ["model"])
     assert (c["prompt_tokens"], c["completion_tokens"], c["cost"]) == (1010, 55, 0.25)
 
 
@@ -460,7 +467,7 @@ def test_mixed_reward_variants_are_refused(tmp_path):
             RewardSpec(variant="shaped"),
         )
     ]
-    ep = cells.load([write(tmp_path / "e.jsonl", recs)], ["model"])
+    ep = frame.load([write(tmp_path / "e.jsonl", recs)], ["model"])
     with pytest.raises(DataError, match="mixes reward variants paper and shaped"):
         cells.cell_records(ep, ["model"])
 
@@ -471,7 +478,7 @@ def test_mixed_reward_variants_are_refused(tmp_path):
 def _line_error(tmp_path, grid, bad: bytes, field=("model", "n")) -> DataError:
     path = write(tmp_path / "bad.jsonl", grid[:3], raw_lines=[bad])
     with pytest.raises(DataError) as err:
-        cells.load([path], list(field))
+        frame.load([path], list(field))
     assert err.value.source == path and err.value.line == 4
     return err.value
 
@@ -517,11 +524,11 @@ def test_gzip_bom_and_skip_read_the_same(tmp_path, grid):
     with open(bad, "ab") as fh:
         fh.write(b"".join(json.dumps(r).encode() + b"\n" for r in grid[5:]))
     by = ["model", "n"]
-    want = cells.cell_records(cells.load([plain], by), by)
-    assert cells.cell_records(cells.load([str(gz)], by), by) == want
-    assert cells.cell_records(cells.load([str(bom)], by), by) == want
+    want = cells.cell_records(frame.load([plain], by), by)
+    assert cells.cell_records(frame.load([str(gz)], by), by) == want
+    assert cells.cell_records(frame.load([str(bom)], by), by) == want
     warned: list[str] = []
-    skipping = cells.load([bad], by, on_error="skip", warn=warned.append)
+    skipping = frame.load([bad], by, on_error="skip", warn=warned.append)
     assert skipping.skipped == 1 and warned and ":6:" in warned[0]
     assert cells.cell_records(skipping, by) == want
 
@@ -531,9 +538,9 @@ def test_slow_path_frame_equals_fast_path_frame(tmp_path, grid):
     recs[0]["usage"] = {"prompt_tokens": 7, "completion_tokens": 3, "cost": 0.5}
     path = write(tmp_path / "ep.jsonl", recs)
     fields = ["model", "n", "seed"]
-    fast = cells.load([path], fields).frame
-    slow, skipped = cells._load_slowly(path, None, fields, "fail", lambda _: None)
-    slow = cells._type_free_fields(slow, fields)
+    fast = frame.load([path], fields).frame
+    slow, skipped = frame._load_slowly(path, None, fields, "fail", lambda _: None)
+    slow = frame._type_free_fields(slow, fields)
     assert skipped == 0
     assert fast.equals(slow)
 
@@ -541,20 +548,20 @@ def test_slow_path_frame_equals_fast_path_frame(tmp_path, grid):
 def test_grouping_by_output_names_is_refused():
     for bad in ("reward", "turns", "episodes", "_seed", "model,model", ""):
         with pytest.raises(UsageError):
-            cells.parse_by(bad)
-    assert cells.parse_by("model, n,protocol") == ["model", "n", "protocol"]
+            fields.parse_by(bad)
+    assert fields.parse_by("model, n,protocol") == ["model", "n", "protocol"]
 
 
 def test_grouping_by_seed_gives_integer_seeds(tmp_path):
     recs = scored("random", 5, [4, 2]) + scored("hierarchy", 5, [4])
-    out = cells.cell_records(cells.load([write(tmp_path / "e.jsonl", recs)], ["seed"]), ["seed"])
+    out = cells.cell_records(frame.load([write(tmp_path / "e.jsonl", recs)], ["seed"]), ["seed"])
     assert [(c["seed"], c["episodes"]) for c in out] == [(2, 1), (4, 2)]
 
 
 def test_plot_without_n_draws_one_point_per_cell(tmp_path, grid):
     from dphil.results import report
 
-    ep = cells.load([write(tmp_path / "e.jsonl", grid)], ["model"])
+    ep = frame.load([write(tmp_path / "e.jsonl", grid)], ["model"])
     target = tmp_path / "by-model.svg"
     report.plot(cells.cell_records(ep, ["model"]), ["model"], str(target))
     svg = target.read_text()

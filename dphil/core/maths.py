@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 from scipy import optimize
@@ -26,7 +27,12 @@ ADJUSTMENTS = ("holm", "bh", "none")
 MIN_EXPECTED = 5.0
 
 
-def _arr(values: Sequence[float]) -> np.ndarray:
+# What the tests take: a list of numbers, or a column as a numpy array (polars' to_numpy()).
+Floats: TypeAlias = "Sequence[float] | np.ndarray"
+Bools: TypeAlias = "Sequence[bool] | np.ndarray"
+
+
+def _arr(values: Floats) -> np.ndarray:
     return np.asarray(values, dtype=np.float64)
 
 
@@ -58,7 +64,7 @@ class MeanCI:
     hi: float | None
 
 
-def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> MeanCI:
+def mean_ci(values: Floats, confidence: float = CONFIDENCE) -> MeanCI:
     """Student t interval for the mean: mean ± t(q, n−1)·sd/√n."""
     x = _arr(values)
     n = len(x)
@@ -107,7 +113,7 @@ class Welch:
     p_value: float | None
 
 
-def welch(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE) -> Welch:
+def welch(a: Floats, b: Floats, confidence: float = CONFIDENCE) -> Welch:
     """Welch t with Welch–Satterthwaite df; undefined (None) when an arm has < 2 values or
     both arms have zero variance (the standard error is 0)."""
     xa, xb = _arr(a), _arr(b)
@@ -144,7 +150,7 @@ def hedges_j(na: int, nb: int) -> float:
     return 1.0 - 3.0 / (4.0 * (na + nb) - 9.0)
 
 
-def hedges_g(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE) -> EffectSize:
+def hedges_g(a: Floats, b: Floats, confidence: float = CONFIDENCE) -> EffectSize:
     """Hedges' g = J·(mean b − mean a)/pooled SD, with an exact interval.
 
     The interval inverts the noncentral t distribution of the two-sample t statistic
@@ -262,7 +268,7 @@ class Paired:
     wilcoxon_p: float | None
 
 
-def paired(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE) -> Paired:
+def paired(a: Floats, b: Floats, confidence: float = CONFIDENCE) -> Paired:
     """Tests on matched pairs (same seed in both arms). Wilcoxon drops zero differences
     (Wilcoxon's convention); when every difference is zero there is no evidence of a
     difference and its p value is 1. The t test is undefined when the differences are
@@ -301,7 +307,7 @@ class McNemar:
     p_value: float
 
 
-def mcnemar(a: Sequence[bool], b: Sequence[bool]) -> McNemar:
+def mcnemar(a: Bools, b: Bools) -> McNemar:
     """Exact (binomial) McNemar test on the discordant pairs; p = 1 with none."""
     xa, xb = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
     if len(xa) != len(xb):
