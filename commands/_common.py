@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from dphil import __version__
 from dphil.io.console import Console, run
 from dphil.io.errors import EX_INTERRUPTED, EX_USAGE
 
@@ -28,7 +29,9 @@ class DphilCommand(click.Command):
             click.echo(e.ctx.get_help(), err=True)
             code = EX_USAGE
         except click.UsageError as e:
-            e.show()
+            # dphil's one-line style, not click's three-line usage block: "prog: what is wrong (see -h)"
+            message = " ".join(line.strip() for line in e.format_message().splitlines() if line.strip())
+            click.echo(f"{self.name}: {message} (see {self.name} --help)", err=True)
             code = EX_USAGE
         except click.exceptions.Exit as e:
             code = e.exit_code
@@ -46,9 +49,14 @@ class DphilCommand(click.Command):
 
 
 def command(name: str, **kwargs: Any) -> Callable[[Callable[..., Any]], click.Command]:
-    """Declare a dphil command: `@command("dphil-score", help=...)`."""
+    """Declare a dphil command: `@command("dphil-score", help=...)`, with `--version` and `-h`."""
     kwargs.setdefault("context_settings", {"help_option_names": ["-h", "--help"], "max_content_width": 100})
-    return click.command(name, cls=DphilCommand, **kwargs)
+
+    def declare(f: Callable[..., Any]) -> click.Command:
+        versioned = click.version_option(__version__, "--version", prog_name=name, message="%(prog)s %(version)s")(f)
+        return click.command(name, cls=DphilCommand, **kwargs)(versioned)
+
+    return declare
 
 
 def execute(
@@ -290,3 +298,12 @@ def reward_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="shaped: meals needed before no_deadlock pays.",
         ),
     )(with_reward)
+
+
+def refuse_piped_stdin(prog: str, hint: str = "") -> None:
+    """Exit 64 when records are piped into a command that reads no stdin (they would be lost)."""
+    from dphil.io.console import stdin_has_data
+    from dphil.io.errors import UsageError
+
+    if stdin_has_data():
+        raise UsageError(f"records are piped into stdin, but {prog} reads none{hint}")

@@ -9,6 +9,7 @@ from dphil.commands._common import (
     local_model_options,
     prompt_options,
     quiet_option,
+    refuse_piped_stdin,
     table_options,
     wait_lock_option,
 )
@@ -226,6 +227,11 @@ def main(
     from dphil.rollout.request import RolloutRequest, run_request
 
     def body(console):
+        if "-" not in checkpoint_files:
+            refuse_piped_stdin("dphil-rollout", " (to evaluate checkpoint records from a pipe: --checkpoints -)")
+        source = click.get_current_context().get_parameter_source
+        if seeds and any(source(p) is not click.core.ParameterSource.DEFAULT for p in ("episodes", "seed")):
+            raise UsageError("--seeds lists the seeds itself: drop --episodes/--seed, or drop --seeds")
         table_sizes = parse_int_list(sizes, "-n")
         if min(table_sizes) < 2:
             raise UsageError("-n: a table needs at least 2 philosophers")

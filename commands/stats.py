@@ -101,6 +101,12 @@ comparisons are Holm-adjusted (--adjust). Errored episodes are counted and left 
     metavar="RATE",
     help="Warn on stderr about cells where at least this share of episodes has no deadlock and no meals.",
 )
+@click.option(
+    "--wide",
+    is_flag=True,
+    help="--format table in one piece, however wide (by default it wraps into blocks of 100 columns, "
+    "each repeating the cell's fields).",
+)
 @output_option
 @wait_lock_option
 @on_error_option
@@ -117,6 +123,7 @@ def main(
     no_cells,
     plot,
     degenerate_warn,
+    wide,
     output,
     wait_lock,
     on_error,
@@ -137,6 +144,7 @@ def main(
             no_cells=no_cells,
             plot=plot,
             degenerate_warn=degenerate_warn,
+            wide=wide,
             output=output,
             on_error=on_error,
         )

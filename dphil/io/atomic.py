@@ -37,12 +37,24 @@ def is_special(path: str | os.PathLike) -> bool:
         return False
 
 
+def make_parents(path: str | os.PathLike) -> None:
+    """Create the directories an output will live in (`-o runs/a/ep.jsonl`, `--run-dir runs/q14`)."""
+    parent = Path(path).parent
+    if parent.is_dir():
+        return
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{path}: cannot create its directory {parent}: {e.strerror}") from None
+
+
 def temp_beside(path: str | os.PathLike) -> tuple[int, str]:
     """Create a temporary file in the target's directory (same file system, so rename is atomic).
 
     It gets the permissions a plain `open(path, "w")` would give, not mkstemp's 0600.
     """
     target = Path(path)
+    make_parents(target)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.resolve().parent)
     except OSError as e:

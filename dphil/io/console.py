@@ -52,9 +52,16 @@ class Console:
         return not self.quiet and self.stderr_is_tty
 
     def report(self, message: str) -> None:
-        """What a run wrote and where, for a person at a terminal (not for logs or pipes; not with -q)."""
-        if self.show_progress:
+        """What a run wrote and where, for a person at a terminal (not for logs or pipes; not with -q).
+
+        A message of several lines (a results table) is shown as it is, without the prefix."""
+        if not self.show_progress:
+            return
+        if "\n" not in message:
             self.error(message)
+            return
+        with contextlib.suppress(OSError, ValueError):
+            print(message, file=self.stderr, flush=True)
 
     def warn(self, message: str) -> None:
         """A message for the user; silenced by -q."""
@@ -110,6 +117,28 @@ def _restore_sigterm(previous) -> None:
     if previous is not None:
         with contextlib.suppress(ValueError):
             signal.signal(signal.SIGTERM, previous)
+
+
+def stdin_has_data() -> bool:
+    """Whether records are being piped into stdin right now (a pipe or file with bytes waiting).
+
+    For commands that read no stdin: `dphil-score ep.jsonl | dphil-rollout ...` would otherwise
+    drop the records silently. Never a false alarm: a terminal, /dev/null, a closed stdin, an
+    empty or idle pipe all say no (nothing is consumed unless bytes are already there).
+    """
+    import select
+    import stat
+
+    try:
+        mode = os.fstat(0).st_mode
+        if not (stat.S_ISFIFO(mode) or stat.S_ISREG(mode)):
+            return False
+        if stat.S_ISREG(mode):
+            return os.fstat(0).st_size > os.lseek(0, 0, os.SEEK_CUR)
+        ready, _, _ = select.select([0], [], [], 0)
+        return bool(ready) and os.read(0, 1) != b""
+    except (OSError, ValueError):
+        return False
 
 
 def _silence_stdout() -> None:

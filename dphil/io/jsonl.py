@@ -22,14 +22,15 @@ import contextlib
 import gzip
 import io
 import os
+import stat
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import IO, Any, cast
 
 import orjson
 
-from dphil.io.atomic import discard, is_special, publish, temp_beside
+from dphil.io.atomic import discard, is_special, make_parents, publish, temp_beside
 from dphil.io.errors import DataError, NoInputError, OutputError
 
 MAX_LINE = 64 * 1024 * 1024
@@ -65,6 +66,24 @@ def open_input(source: str, stdin: IO[bytes] | None = None) -> IO[bytes]:
     if head == _GZIP_MAGIC:
         return gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[return-value]
     return stream
+
+
+def check_sources(sources: Iterable[str]) -> None:
+    """Fail now, with the reader's own message, if a named input cannot be opened: before a
+    command spends seconds importing polars or scipy to read it."""
+    for source in sources:
+        if source == "-":
+            continue
+        try:
+            mode = os.stat(source).st_mode
+        except FileNotFoundError:
+            raise NoInputError(f"{source}: no such file") from None
+        except OSError as e:
+            raise NoInputError(f"{source}: {e.strerror}") from None
+        if stat.S_ISDIR(mode):
+            raise NoInputError(f"{source}: is a directory")
+        if stat.S_ISREG(mode):  # a FIFO is not opened here: its writer would lose what it wrote
+            open_input(source).close()
 
 
 def source_name(source: str) -> str:
@@ -238,6 +257,7 @@ class RecordWriter:
             if not self._sync:
                 self._fd = os.open(path, os.O_WRONLY)
             elif mode == "append":
+                make_parents(path)
                 self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             else:
                 self._fd, self._tmp = temp_beside(path)

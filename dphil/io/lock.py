@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from dphil.io.atomic import is_special
+from dphil.io.atomic import is_special, make_parents
 from dphil.io.errors import EX_CANTCREAT, EX_TEMPFAIL, DphilError
 
 SUFFIX = ".lock"
@@ -114,6 +114,7 @@ class OutputLock:
         os.close(fd)
 
     def _open(self) -> int:
+        make_parents(self.path)
         try:
             return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as e:

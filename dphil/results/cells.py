@@ -15,9 +15,8 @@ import polars as pl
 from dphil.core import maths as stats
 from dphil.core.records import SCHEMA_VERSION
 from dphil.io.errors import DataError
+from dphil.results.fields import DEGENERATE_WARN
 from dphil.results.frame import Episodes, Warn, _silent
-
-DEGENERATE_WARN = 0.25
 
 
 def cell_records(

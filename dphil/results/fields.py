@@ -125,6 +125,9 @@ _RESERVED = frozenset(
     }
 )
 
+# Warn when at least this share of a cell's episodes is degenerate (no deadlock and no meals).
+DEGENERATE_WARN = 0.25
+
 
 def parse_by(text: str) -> list[str]:
     """`model,n` -> ["model", "n"], refusing names the records cannot be grouped by."""

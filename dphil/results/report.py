@@ -69,14 +69,16 @@ def _signed(x: float | None, ci: Sequence[float] | None, digits: int = 3) -> str
 # -- rows ---------------------------------------------------------------------------------
 
 
-def cell_rows(cells: list[dict[str, Any]], by: Sequence[str]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the per-cell table."""
+def cell_rows(
+    cells: list[dict[str, Any]], by: Sequence[str], reward: str | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-cell table (`reward`: the variant, named in the header)."""
     tokens = any(c["prompt_tokens"] or c["completion_tokens"] or c["cost"] for c in cells)
     header = [
         *by,
         "episodes",
         "errors",
-        "reward (95% CI)",
+        f"reward{_variant(reward)} (95% CI)",
         "deadlock (95% CI)",
         "meals",
         "degenerate",
@@ -103,13 +105,15 @@ def cell_rows(cells: list[dict[str, Any]], by: Sequence[str]) -> tuple[list[str]
     return header, rows
 
 
-def comparison_rows(comps: list[dict[str, Any]], by: Sequence[str]) -> tuple[list[str], list[list[str]]]:
+def comparison_rows(
+    comps: list[dict[str, Any]], by: Sequence[str], reward: str | None = None
+) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the comparison table (B − A)."""
     group = [f for f in by if any(f in c for c in comps)]
     paired = any(c["paired"] for c in comps)
     power = any("power" in c for c in comps)
     adjust = comps[0]["adjust"] if comps else "none"
-    header = [*group, "comparison (B − A)", "episodes A/B", "Δ reward (95% CI)", "Welch t (df)", "p"]
+    header = [*group, "comparison (B − A)", "episodes A/B", f"Δ reward{_variant(reward)} (95% CI)", "Welch t (df)", "p"]
     if adjust != "none":
         header.append(f"p ({adjust})")
     header += ["Hedges' g (95% CI)", "Δ deadlock (95% CI)", "p deadlock"]
@@ -179,7 +183,17 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def table(header: list[str], rows: list[list[str]]) -> str:
+def _variant(reward: str | None) -> str:
+    return f" {reward}" if reward else ""
+
+
+def table(header: list[str], rows: list[list[str]], *, width: int | None = None, keys: int = 0) -> str:
+    """A plain-text table; wider than `width`, it wraps into blocks of columns, each repeating the
+    first `keys` columns (the cell's fields), the way wide frames print in a terminal."""
+    if width is not None and rows and len(header) > keys:
+        blocks = _blocks(header, rows, width, keys)
+        if len(blocks) > 1:
+            return "\n".join(table([header[k] for k in cols], [[r[k] for k in cols] for r in rows]) for cols in blocks)
     widths = [max(len(h), *(len(r[k]) for r in rows)) if rows else len(h) for k, h in enumerate(header)]
     numeric = [numeric_column(rows, k) for k in range(len(header))]
 
@@ -191,6 +205,23 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     out = [line(header), "  ".join("-" * w for w in widths)]
     out += [line(r) for r in rows]
     return "\n".join(out) + "\n"
+
+
+def _blocks(header: list[str], rows: list[list[str]], width: int, keys: int) -> list[list[int]]:
+    """Column indices per block: the key columns, then as many others as fit in `width`."""
+    wide = [max(len(h), *(len(r[k]) for r in rows)) + 2 for k, h in enumerate(header)]
+    base = sum(wide[:keys])
+    blocks: list[list[int]] = []
+    current: list[int] = []
+    used = base
+    for k in range(keys, len(header)):
+        if current and used + wide[k] > width + 2:
+            blocks.append(list(range(keys)) + current)
+            current, used = [], base
+        current.append(k)
+        used += wide[k]
+    blocks.append(list(range(keys)) + current)
+    return blocks
 
 
 def numeric_column(rows: list[list[str]], k: int) -> bool:
@@ -232,21 +263,32 @@ def csv_text(records: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def render(fmt: str, cells: list[dict[str, Any]], comps: list[dict[str, Any]], by: Sequence[str]) -> str:
+def render(
+    fmt: str,
+    cells: list[dict[str, Any]],
+    comps: list[dict[str, Any]],
+    by: Sequence[str],
+    *,
+    reward: str | None = None,
+    width: int | None = None,
+) -> str:
     """The whole report in a text format: the cell table, then the comparison table.
 
-    CSV puts the two tables one after the other, separated by a blank line (with
-    `--no-cells` it is a single table, ready for any CSV reader).
+    `reward` names the reward variant in the headers; `width` wraps the terminal table into
+    column blocks (None: one wide table). CSV puts the two tables one after the other,
+    separated by a blank line (with `--no-cells` it is a single table, ready for any CSV reader).
     """
     if fmt == "csv":
         parts = [csv_text(x) for x in (cells, comps) if x]
         return "\n".join(parts)
-    draw = markdown if fmt == "markdown" else table
     parts = []
     if cells:
-        parts.append(draw(*cell_rows(cells, by)))
+        header, rows = cell_rows(cells, by, reward)
+        parts.append(markdown(header, rows) if fmt == "markdown" else table(header, rows, width=width, keys=len(by)))
     if comps:
-        parts.append(draw(*comparison_rows(comps, by)))
+        header, rows = comparison_rows(comps, by, reward)
+        keys = header.index("comparison (B − A)") + 1
+        parts.append(markdown(header, rows) if fmt == "markdown" else table(header, rows, width=width, keys=keys))
         notes = [(c, n) for c in comps for n in c["notes"]]
         if notes:
             lines = [f"- {note_label(c, by)}: {n}" for c, n in notes]

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from dphil.io.console import Console
 from dphil.io.errors import UsageError
-from dphil.io.jsonl import RecordWriter
-from dphil.results import cells, comparisons, fields, frame, report
+from dphil.io.jsonl import RecordWriter, check_sources
+from dphil.results import fields, report
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,9 @@ class StatsRequest:
     timelines: int | None = None  # html: episodes drawn per cell [default: html_report.DEFAULT_TIMELINES]
     no_cells: bool = False  # only the comparisons
     plot: str | None = None  # also draw the cells to this picture
-    degenerate_warn: float = cells.DEGENERATE_WARN
+    degenerate_warn: float = fields.DEGENERATE_WARN
+    wide: bool = False  # the terminal table in one piece, however wide
+    width: int = 100  # otherwise it wraps into column blocks of this width
     output: str | None = None
     on_error: str = "fail"  # fail (exit 65 at the first bad line) or skip
 
@@ -33,8 +35,7 @@ class StatsRequest:
 def run_stats(req: StatsRequest, console: Console) -> int:
     """Check the request, read the inputs, write the cell and comparison records (or a report); exit status."""
     by = fields.parse_by(req.by)
-    wanted = [comparisons.Compare(f, a, b) for f, a, b in req.compares]
-    fields.check_fields([c.field for c in wanted])
+    fields.check_fields([f for f, _, _ in req.compares])
     if req.effect is not None and not math.isfinite(req.effect):
         raise UsageError("--effect must be a finite number")
     if req.plot:
@@ -43,6 +44,11 @@ def run_stats(req: StatsRequest, console: Console) -> int:
         raise UsageError("--timelines goes with --format html")
     if req.timelines is not None and req.no_cells:
         raise UsageError("--timelines shows episodes per cell: not with --no-cells")
+    check_sources(req.inputs)
+    # Only now the heavy part (scipy): a usage error or a missing file is reported in a blink.
+    from dphil.results import cells, comparisons, frame
+
+    wanted = [comparisons.Compare(f, a, b) for f, a, b in req.compares]
     sample = None
     if req.fmt == "html" and not req.no_cells:  # the timelines are per cell: none without cells
         from dphil.results.html_report import DEFAULT_TIMELINES, EpisodeSample
@@ -87,7 +93,9 @@ def run_stats(req: StatsRequest, console: Console) -> int:
             )
             writer.write_line(page.encode())
         else:
-            text = report.render(req.fmt, shown, comps, by)
+            variants = sorted({str(c["reward_variant"]) for c in cell_list if c.get("reward_variant")})
+            reward = "/".join(variants) or None
+            text = report.render(req.fmt, shown, comps, by, reward=reward, width=None if req.wide else req.width)
             for line in text.splitlines(keepends=True):
                 writer.write_line(line.encode())
     return 0

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import orjson
+
 from dphil.io.console import Console
 from dphil.io.errors import DataError, UsageError
 from dphil.io.jsonl import RecordReader, RecordWriter
 from dphil.scoring.reward import TERMS, RewardSpec
 from dphil.scoring.score import Scorer
+from dphil.scoring.summary import Summary
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,9 @@ def run_score(req: ScoreRequest, console: Console) -> int:
     """Score every episode of the inputs into the output, line by line; return the exit status."""
     scorer = Scorer(req.reward.spec(), trust_outcome=req.trust_outcome)
     reader = RecordReader(req.inputs, on_error=req.on_error, warn=console.warn)
+    # The closing table is for a person at a terminal: logs and pipelines get records only.
+    summary = Summary() if console.show_progress else None
+    written = 0
     with RecordWriter(req.output) as writer:
         for record in reader:
             try:
@@ -68,6 +74,13 @@ def run_score(req: ScoreRequest, console: Console) -> int:
                 reader.reject(e)
                 continue
             writer.write_line(scored)
+            written += 1
+            if summary is not None:
+                summary.add(orjson.loads(scored))
     if reader.skipped:
         console.error(f"skipped {reader.skipped} bad record(s)")
+    if summary is not None and written:
+        console.report(summary.render())
+        where = req.output if req.output not in (None, "-") else "stdout"
+        console.report(f"wrote {written} scored episode(s) to {where}")
     return 0

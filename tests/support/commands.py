@@ -32,8 +32,10 @@ def run(
     timeout: float = 120,
 ) -> subprocess.CompletedProcess:
     """Run an installed dphil command as a real subprocess."""
+    # No input: an empty stdin, not the test runner's (whatever CI connected it to).
+    stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
     return subprocess.run(
-        [command_path(args[0]), *args[1:]], input=input, capture_output=True, cwd=cwd, env=env, timeout=timeout
+        [command_path(args[0]), *args[1:]], **stdin, capture_output=True, cwd=cwd, env=env, timeout=timeout
     )
 
 
