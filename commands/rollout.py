@@ -91,6 +91,19 @@ dphil-train saved.
     metavar="FILE",
     help="Model registry (TOML) merged over the built-in aliases; repeatable. Also read from $DPHIL_MODELS.",
 )
+@click.option(
+    "--list-models",
+    is_flag=True,
+    help="List every model alias (litellm id, server URL and its variable, key variable and whether it is set) "
+    'and exit: a table on a terminal, kind: "model" records otherwise.',
+)
+@click.option(
+    "--check/--no-check",
+    default=True,
+    show_default=True,
+    help="Before the first episode, check that each model's key is set and its server answers (exit 78 or 69 "
+    "in a second instead of error records); with --list-models, ask every server.",
+)
 @prompt_options
 @click.option(
     "--talk",
@@ -198,6 +211,8 @@ def main(
     resume,
     shard,
     registries,
+    list_models,
+    check,
     prompt,
     prompt_file,
     memory,
@@ -227,6 +242,10 @@ def main(
     from dphil.rollout.request import RolloutRequest, run_request
 
     def body(console):
+        if list_models:
+            from dphil.agents.preflight import ListRequest, run_list
+
+            return run_list(ListRequest(registries=registries, probe=check), console)
         if "-" not in checkpoint_files:
             refuse_piped_stdin("dphil-rollout", " (to evaluate checkpoint records from a pipe: --checkpoints -)")
         source = click.get_current_context().get_parameter_source
@@ -267,6 +286,7 @@ def main(
             },
             max_errors=max_errors,
             cost_limit=cost_limit,
+            check=check,
             adapter=adapter,
             checkpoints=checkpoint_files,
             checkpoint_run=checkpoint_run,

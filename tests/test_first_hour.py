@@ -101,3 +101,13 @@ def test_a_terminal_is_told_where_the_episodes_went(tmp_path):
     code, _, shown = on_a_terminal(args, b"")
     assert code == 0
     assert shown.splitlines()[-1] == f"dphil-rollout: wrote 2 episode(s) to {out}"
+
+
+def test_an_unknown_grouping_field_is_a_usage_error(tmp_path):
+    p = run(["dphil-rollout", "-m", "scripted:naive", "-n", "3", "--episodes", "2"])
+    scored = run(["dphil-score"], input=p.stdout).stdout
+    bad = run(["dphil-stats", "-", "--by", "modle"], input=scored)
+    assert bad.returncode == 64 and bad.stderr.decode().startswith("dphil-stats: no episode has a field 'modle'")
+    assert run(["dphil-stats", "-", "--by", "deadlock_round"], input=scored).returncode == 0
+    unknown = run(["dphil-show", "-", "--episode", "nope"], input=scored)
+    assert unknown.returncode == 65 and unknown.stderr.count(b"\n") == 1

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import IO, Any
 
 from dphil.agents.registry import ModelSpec, Registry, public_url
 from dphil.io.errors import EX_UNAVAILABLE, ConfigError, DphilError
+from dphil.io.safe import for_terminal
 
 PROBE_TIMEOUT = 2.0  # seconds per server: a local server answers /models in milliseconds
 
@@ -74,9 +77,13 @@ class ModelCheck:
 def check_model(spec: ModelSpec, *, probe: bool = True) -> ModelCheck:
     """The facts about one resolved model; with `probe`, each of its server URLs is asked for /models."""
     urls = spec.bases
-    key_env = spec.api_key_env or (None if urls else _provider_key_env(spec.model))
-    # A server of one's own (an api_base) may need no key; a hosted provider always does.
-    key_set = None if (urls or key_env is None) else bool(os.environ.get(key_env, "").strip())
+    provider_env = _provider_key_env(spec.model)
+    key_env = spec.api_key_env or provider_env
+    # A server of one's own (an api_base) may take no key; a hosted provider always needs one, and
+    # so does a provider's client pointed at one's own server (litellm's `openai/` refuses to call
+    # without a key, any value will do).
+    required = key_env is not None and (not urls or spec.api_key_env is None)
+    key_set = bool(os.environ.get(key_env, "").strip()) if required and key_env else None
     answering = None
     if probe and urls:
         key = spec.api_key()
@@ -146,5 +153,39 @@ _PROVIDER_KEYS = {
 }
 
 
-def checks_json(checks: Iterable[ModelCheck]) -> str:
-    return "".join(json.dumps(c.as_record()) + "\n" for c in checks)
+@dataclass(frozen=True)
+class ListRequest:
+    """`dphil-rollout --list-models [--no-check]`: the registry in effect, each alias checked."""
+
+    registries: tuple[str, ...] = ()
+    probe: bool = True
+
+
+def run_list(req: ListRequest, console: Any, stdout: IO[str] | None = None) -> int:
+    """Write every alias: a table on a terminal, `kind: "model"` records in a pipe."""
+    out = stdout if stdout is not None else sys.stdout
+    checks = list_models(Registry.load(req.registries), probe=req.probe)
+    if out.isatty():
+        out.write(table(checks))
+    else:
+        out.writelines(json.dumps(c.as_record()) + "\n" for c in checks)
+    out.flush()
+    return 0
+
+
+def table(checks: Iterable[ModelCheck]) -> str:
+    """One line per alias: name, litellm id, where it runs, its key, whether it answers."""
+    rows = [("alias", "litellm model", "server (variable)", "key", "answers")]
+    for c in checks:
+        where = ", ".join(c.urls) or "provider"
+        if c.url_env:
+            where += f" (${c.url_env})"
+        key = "-"
+        if c.key_env is not None:
+            key = f"${c.key_env} " + ("set" if os.environ.get(c.key_env, "").strip() else "unset")
+            if c.key_set is None and key.endswith("unset"):
+                key += " (optional)"
+        answers = "-" if c.answering is None else ("yes" if any(c.answering) else "no")
+        rows.append((for_terminal(c.name), for_terminal(c.litellm_model), for_terminal(where), key, answers))
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    return "".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() + "\n" for r in rows)

@@ -146,3 +146,16 @@ def check_fields(fields: Sequence[str]) -> None:
             raise UsageError(f"cannot group by {f!r}: it is not a single value per episode")
         if f in _RESERVED or f.startswith("_"):
             raise UsageError(f"cannot group by {f!r}: the name is taken by the output records")
+
+
+def check_present(frame: pl.DataFrame, names: Sequence[str]) -> None:
+    """A --by or --compare field that no episode has is a typo, not a group: exit 64 naming it.
+
+    Contract fields (`_KNOWN`) are exempt: `deadlock_round` is null in every episode of a
+    table that never deadlocked, and that is a group."""
+    for f in dict.fromkeys(names):
+        if f not in _KNOWN and f in frame.columns and frame.height and frame[f].null_count() == frame.height:
+            raise UsageError(
+                f"no episode has a field {f!r}: group by record fields such as "
+                f"{', '.join(DEFAULT_BY)}, protocol, run, checkpoint_step, or a --tag key"
+            )

@@ -62,6 +62,7 @@ def run_stats(req: StatsRequest, console: Console) -> int:
     if episodes.frame.height == 0:
         console.warn("no episodes in the input: nothing to summarise")
         return 0
+    fields.check_present(episodes.frame, [*by, *(c.field for c in wanted)])
     cell_list = cells.cell_records(episodes, by, degenerate_warn=req.degenerate_warn, warn=console.warn)
     comps = comparisons.comparison_records(
         episodes,
