@@ -23,6 +23,7 @@ from dphil.checkpoints.selection import Selection
 from dphil.core.records import is_int
 from dphil.io.atomic import atomic_file
 from dphil.io.errors import DataError, MissingExtraError, OutputError, UsageError
+from dphil.io.safe import for_plot, plain_text_plots
 
 # Formats every matplotlib build writes; checked before any work is done.
 FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "webp", "eps", "ps", "tif", "tiff")
@@ -97,7 +98,7 @@ def curve_image(curve: RunCurve, fmt: str, *, title: str | None = None) -> bytes
         if curve.chosen:
             first = curve.chosen[0]
             what += f": chosen step {first['step']} (--by {first['selection'].get('by')})"
-        ax.set_title(title or what, fontsize="medium")
+        ax.set_title(for_plot(title or what), fontsize="medium")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
@@ -133,7 +134,7 @@ def plot_selection(selection: Selection, path: str | Path, *, title: str | None 
         how = f"--by {selection.by}"
         if selection.by != "last":
             how += f" --rule {first['rule']}" + (f" --smooth {first['smooth']}" if first["smooth"] > 1 else "")
-        ax.set_title(title or f"{how}: chosen step {selection.chosen[0]['step']}")
+        ax.set_title(for_plot(title or f"{how}: chosen step {selection.chosen[0]['step']}"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
         fig.tight_layout()
@@ -148,6 +149,7 @@ def _pyplot(what: str) -> Any:
         import matplotlib
 
         matplotlib.use("Agg")
+        plain_text_plots(matplotlib)  # run names and paths: plain text, never TeX
         import matplotlib.pyplot as plt
     except ImportError:
         raise MissingExtraError(
@@ -169,7 +171,7 @@ def _draw_curves(plt: Any, ax: Any, curves: Sequence[Curve], runs: Sequence[str 
         colour = colours[index % len(colours)]
         steps = sorted(curve.points)
         means = [curve.points[s].mean for s in steps]
-        label = curve.source + (f" ({curve.run})" if many and curve.run is not None else "")
+        label = for_plot(curve.source + (f" ({curve.run})" if many and curve.run is not None else ""))
         # One band per run, or overlapping bands turn to mud: validation's interval where
         # there is validation (the held-out number), else training's.
         cis = [curve.points[s].ci for s in steps]

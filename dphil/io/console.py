@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import IO
 
 from dphil.io.errors import EX_INTERRUPTED, EX_SOFTWARE, DphilError
+from dphil.io.safe import for_terminal
 
 
 class Terminated(KeyboardInterrupt):
@@ -61,7 +62,7 @@ class Console:
             self.error(message)
             return
         with contextlib.suppress(OSError, ValueError):
-            print(message, file=self.stderr, flush=True)
+            print("\n".join(map(for_terminal, message.splitlines())), file=self.stderr, flush=True)
 
     def warn(self, message: str) -> None:
         """A message for the user; silenced by -q."""
@@ -69,9 +70,10 @@ class Console:
             self.error(message)
 
     def error(self, message: str) -> None:
-        """A message that is always shown."""
+        """A message that is always shown: one line, whatever a server or a record put in it
+        (control characters and escape sequences are shown, never obeyed)."""
         with contextlib.suppress(OSError, ValueError):
-            print(f"{self.prog}: {message}", file=self.stderr, flush=True)
+            print(f"{self.prog}: {for_terminal(message)}", file=self.stderr, flush=True)
 
 
 def run(console: Console, body: Callable[[], int | None]) -> int:

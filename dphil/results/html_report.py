@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from html import escape
 from typing import IO, Any
 
 import orjson
@@ -29,6 +28,8 @@ import polars as pl
 from dphil import __version__
 from dphil.io.errors import DataError
 from dphil.io.jsonl import open_input
+from dphil.io.safe import csp_meta
+from dphil.io.safe import for_html as escape
 from dphil.results import report
 
 DEFAULT_TIMELINES = 3
@@ -199,6 +200,7 @@ def render_page(
     parts = [
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"{csp_meta(style_attributes=True)}"
         f"<title>dphil-stats: {escape(_source_text(sources))}</title>"
         f"<style>{STYLE}</style></head><body>\n",
         _header(cells, by, sources),

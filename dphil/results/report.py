@@ -14,6 +14,7 @@ from typing import Any
 
 from dphil.io.atomic import atomic_file
 from dphil.io.errors import MissingExtraError, OutputError, UsageError
+from dphil.io.safe import for_plot, for_terminal, plain_text_plots
 
 FORMATS = ("jsonl", "markdown", "csv", "table")
 PLOT_FORMATS = ("png", "svg", "pdf")
@@ -160,11 +161,13 @@ def comparison_rows(
 
 
 def value_text(v: Any) -> str:
+    """A record value as a table shows it: grouping values come from records (model names, tags),
+    so control characters are shown, never passed to the terminal."""
     if v is None:
         return _NA
     if isinstance(v, bool):
         return "true" if v else "false"
-    return str(v)
+    return for_terminal(v)
 
 
 # -- renderers ----------------------------------------------------------------------------
@@ -353,6 +356,7 @@ def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
+    plain_text_plots(matplotlib)  # labels are model names: plain text, never TeX
     import matplotlib.pyplot as plt
 
     return plt
@@ -364,7 +368,7 @@ def _figure(plt: Any, cells: list[dict[str, Any]], by: Sequence[str]) -> Any:
     series_fields = [f for f in by if f != x_field]
     series: dict[str, list[dict[str, Any]]] = {}
     for c in cells:
-        label = ", ".join(value_text(c[f]) for f in series_fields) or "all"
+        label = for_plot(", ".join(value_text(c[f]) for f in series_fields) or "all")
         series.setdefault(label, []).append(c)
     fig, (ax_r, ax_d) = plt.subplots(1, 2, figsize=(11, 4.2))
     labels = list(series)

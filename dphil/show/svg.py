@@ -7,9 +7,9 @@ and the HTML report (`dphil.results.html_report`) script and link to.
 
 from __future__ import annotations
 
-from html import escape
 from typing import Any
 
+from dphil.io.safe import for_xml as escape
 from dphil.show.timeline import (
     BOTH,
     EATING,

@@ -321,8 +321,8 @@ def render_text(record: dict[str, Any], color: bool = False, *, legend: bool = T
     width = max(len("deadlock"), len(f"P{n - 1}")) + 1
     played = tl.rounds_played
     lines = [
-        _paint(f"episode {record.get('episode_id', '?')}  {describe(record)}", "head", color),
-        outcome_text(tl),
+        _paint(f"episode {for_terminal(record.get('episode_id', '?'))}  {describe(record)}", "head", color),
+        for_terminal(outcome_text(tl)),
         "",
     ]
     lines.append("round".ljust(width) + "".join(f"{r:>3}" for r in range(1, played + 1)))
@@ -339,7 +339,7 @@ def render_text(record: dict[str, Any], color: bool = False, *, legend: bool = T
         lines.append(_paint("deadlock".ljust(width) + marks, "#", color))
     text = reward_text(record)
     if text:
-        lines += ["", text]
+        lines += ["", for_terminal(text)]
     if legend:
         lines += ["", LEGEND]
     return "\n".join(line.rstrip() for line in lines) + "\n"

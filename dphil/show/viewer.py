@@ -10,11 +10,12 @@ the same timelines.
 
 from __future__ import annotations
 
-from html import escape
 from typing import IO, Any
 
 import orjson
 
+from dphil.io.safe import csp_meta
+from dphil.io.safe import for_html as escape
 from dphil.show.svg import CELL, episode_svg, legend_svg
 from dphil.show.timeline import Timeline, describe, outcome_text, reward_terms, timeline
 
@@ -66,6 +67,8 @@ footer{padding:0 20px 20px;color:var(--muted)}
 SCRIPT = r"""
 (function () {
   "use strict";
+  var filters = document.querySelector("form.filters");
+  if (filters) filters.addEventListener("submit", function (e) { e.preventDefault(); });
   var episodes = Array.prototype.slice.call(document.querySelectorAll("section.episode"));
   var keys = ["model", "n", "status"];
   var selects = {};
@@ -243,10 +246,11 @@ class EpisodePage:
             (
                 '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
                 '<meta name="viewport" content="width=device-width, initial-scale=1">'
+                f"{csp_meta(scripts=(SCRIPT,), styles=(STYLE,))}"
                 f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>\n"
                 '<header class="page"><h1>Episodes</h1>'
                 f'<span class="src">{escape(source)}</span>'
-                '<form class="filters" onsubmit="return false">'
+                '<form class="filters">'
                 '<label>model <select id="f-model"><option value="">all</option></select></label>'
                 '<label>table <select id="f-n"><option value="">all</option></select></label>'
                 '<label>status <select id="f-status"><option value="">all</option></select></label>'
