@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from dphil.io.atomic import is_special, make_parents
-from dphil.io.errors import EX_CANTCREAT, EX_TEMPFAIL, DphilError
+from dphil.io.errors import EX_CANTCREAT, EX_TEMPFAIL, DphilError, OutputError
 
 SUFFIX = ".lock"
 POLL_SECONDS = 0.05
@@ -114,7 +114,10 @@ class OutputLock:
         os.close(fd)
 
     def _open(self) -> int:
-        make_parents(self.path)
+        try:
+            make_parents(self.path)
+        except OutputError as e:
+            raise LockUnavailable(f"{self.target}: cannot create the lock file {self.path}: {e.message}") from None
         try:
             return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as e:

@@ -78,10 +78,17 @@ def test_stdout_and_dash_need_no_lock(tmp_path):
 
 
 def test_lock_file_that_cannot_be_created_is_exit_73(tmp_path):
-    missing = tmp_path / "no-such-dir" / "out.jsonl"
+    (tmp_path / "a-file").write_text("")
+    impossible = tmp_path / "a-file" / "out.jsonl"  # its directory cannot be made: a file is in the way
     with pytest.raises(LockUnavailable) as info:
-        OutputLock(missing).acquire()
-    assert info.value.exit_code == 73 and str(missing) in info.value.message
+        OutputLock(impossible).acquire()
+    assert info.value.exit_code == 73 and str(impossible) in info.value.message
+
+
+def test_a_missing_directory_is_created_for_the_lock(tmp_path):
+    target = tmp_path / "runs" / "a" / "out.jsonl"
+    with OutputLock(target):
+        assert target.parent.is_dir()
 
 
 @pytest.fixture
