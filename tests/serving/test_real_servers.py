@@ -204,25 +204,14 @@ def test_no_server_at_the_url_errors_naming_it_exits_75_and_is_never_scored(wher
             "gone": f'model = "hosted_vllm/gemma-3-270m-q4_k_m"\napi_base = "{url}"\nparams = {TEXT_PARAMS}',
         },
     )
-    p = run(
-        [
-            "dphil-rollout",
-            "--models",
-            reg,
-            "-m",
-            "gone",
-            "-n",
-            "3",
-            "--episodes",
-            "2",
-            "--rounds",
-            "2",
-            "--retries",
-            "1",
-            "-q",
-        ],
-        env=env,
-    )
+    args = ["dphil-rollout", "--models", reg, "-m", "gone", "-n", "3", "--episodes", "2", "--rounds", "2"]
+    if where == "not-running":
+        # Checked before the first episode: exit 69 at once, naming the URL, nothing written.
+        checked = run(args, env=env)
+        assert checked.returncode == 69 and checked.stdout == b"", checked.stderr.decode()
+        assert url in checked.stderr.decode() and checked.stderr.count(b"\n") == 1
+        args.append("--no-check")  # and without the check, the calls fail as errors, as before
+    p = run([*args, "--retries", "1", "-q"], env=env)
     assert p.returncode == 75, p.stderr.decode()
     episodes = records(p.stdout)
     assert len(episodes) == 2

@@ -230,10 +230,10 @@ def test_unknown_episode_exits_65_naming_it(scripted, tmp_path):
 
 
 def test_unwritable_output_exits_73(scripted, tmp_path):
-    p = run(["dphil-show", str(scripted), "-o", str(tmp_path / "missing" / "page.html")])
-    assert p.returncode == 73 and b"cannot " in p.stderr and b"page.html" in p.stderr
     blocker = tmp_path / "file"
     blocker.write_text("x")
+    p = run(["dphil-show", str(scripted), "-o", str(blocker / "missing" / "page.html")])
+    assert p.returncode == 73 and b"cannot " in p.stderr and b"page.html" in p.stderr
     p = run(["dphil-show", str(scripted), "-o", f"{blocker}/sub/"])
     assert p.returncode == 73
 
