@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dphil.checkpoints.record import located, read_inputs
+from dphil.checkpoints.record import located, read_inputs, with_adapter_path
 from dphil.checkpoints.selection import select, summary
 from dphil.io.console import Console
 from dphil.io.errors import UsageError
@@ -50,8 +50,9 @@ def run_select(req: SelectRequest, console: Console) -> int:
     """Choose from the inputs, hand the chosen record(s) on, say why on stderr; return the exit status."""
     check_request(req)
     reader = RecordReader(req.inputs)
+    inputs = read_inputs(located(reader))
     selection = select(
-        read_inputs(located(reader)),
+        inputs,
         by=req.by,
         metric=req.metric,
         smooth=req.smooth,
@@ -61,21 +62,24 @@ def run_select(req: SelectRequest, console: Console) -> int:
     )
     for note in selection.notes:
         console.warn(note)
+    # The adapter is looked for from where each record was read (its run directory, moved or
+    # not), never from the working directory alone; the records written stay as read.
     if req.check_path:
         from dphil.checkpoints.export import adapter_dir
 
         for record in selection.chosen:
-            if record.get("path") is not None:
-                adapter_dir(record)
+            if record.get("path") is not None or record.get("path_in_run") is not None:
+                adapter_dir(with_adapter_path(inputs.checkpoints, record))
     if req.export_dir is not None:
         from dphil.checkpoints.export import export_adapter, merge_adapter
 
         record = selection.chosen[0]
+        located_record = with_adapter_path(inputs.checkpoints, record)
         if req.merge:
-            where = merge_adapter(record, req.export_dir, base_model=req.base_model)
+            where = merge_adapter(located_record, req.export_dir, base_model=req.base_model)
             record["selection"]["merged_to"] = str(where)
         else:
-            where = export_adapter(record, req.export_dir)
+            where = export_adapter(located_record, req.export_dir)
             record["selection"]["exported_to"] = str(where)
     if req.plot is not None:
         from dphil.checkpoints.curve import plot_selection

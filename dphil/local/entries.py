@@ -65,8 +65,13 @@ class LocalEntry:
     """One local policy to evaluate: a model directory plus an optional adapter and its tags."""
 
     model: str  # "hf:PATH", as recorded
-    adapter: str | None = None
+    adapter: str | None = None  # as recorded in the episodes (`variant()`), so it enters their ids
     tags: tuple[tuple[str, Any], ...] = ()  # e.g. (("run", "q14"), ("checkpoint_step", 9))
+    load_from: str | None = None  # where the adapter is loaded from, when not `adapter` (a moved run)
+
+    @property
+    def adapter_dir(self) -> str | None:
+        return self.load_from or self.adapter
 
     @property
     def path(self) -> str:
@@ -80,7 +85,12 @@ class LocalEntry:
 
 
 def checkpoint_entries(sources: Sequence[str], *, run: str | None = None) -> list[LocalEntry]:
-    """One entry per checkpoint record (adapter directories must exist: exit 66 otherwise)."""
+    """One entry per checkpoint record (adapter directories must exist: exit 66 otherwise).
+
+    The adapter is loaded from where `dphil.checkpoints.record.adapter_path` finds it from
+    the record's file (its run directory, wherever it has moved); the episodes record the
+    checkpoint's `path` as written by training, so moving a run changes no episode id.
+    """
     from dphil.checkpoints.export import adapter_dir
     from dphil.checkpoints.record import load_checkpoints
     from dphil.io.errors import DataError
@@ -90,11 +100,19 @@ def checkpoint_entries(sources: Sequence[str], *, run: str | None = None) -> lis
         base = ckpt.record.get("base_model")
         if not isinstance(base, str) or not base:
             raise DataError(f"{ckpt.where}: checkpoint {ckpt.label()} names no base_model")
-        adapter = str(adapter_dir(ckpt.record))
+        found = str(adapter_dir({**ckpt.record, "path": ckpt.adapter_path()}))
+        adapter = ckpt.path or found
         tags: list[tuple[str, Any]] = [("checkpoint_step", ckpt.step)]
         if ckpt.run is not None:
             tags.insert(0, ("run", ckpt.run))
-        entries.append(LocalEntry(model=f"{HF_PREFIX}{base}", adapter=adapter, tags=tuple(tags)))
+        entries.append(
+            LocalEntry(
+                model=f"{HF_PREFIX}{base}",
+                adapter=adapter,
+                tags=tuple(tags),
+                load_from=None if found == adapter else found,
+            )
+        )
     if not entries:
         raise DataError(f"no checkpoint records in {', '.join(sources)}" + (f" for run {run!r}" if run else ""))
     return entries
@@ -126,7 +144,7 @@ def run_local(
             progress(len(configs) - len(todo))
         if not todo:
             continue
-        model = LocalModel(entry.path, adapter=entry.adapter, device=settings.device, dtype=settings.dtype)
+        model = LocalModel(entry.path, adapter=entry.adapter_dir, device=settings.device, dtype=settings.dtype)
         for start in range(0, len(todo), settings.batch):
             batch = todo[start : start + settings.batch]
             # Sampling is seeded by the batch's first episode, so a rerun of the same command

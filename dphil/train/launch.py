@@ -19,7 +19,7 @@ from dphil.scoring.request import RewardRequest
 from dphil.train.advantages import AdvantageSpec
 from dphil.train.curriculum import parse_curriculum
 from dphil.train.loop import Progress, TrainConfig, default_val_seeds, derive_seed, run_training
-from dphil.train.run_dir import load_journal, trim_episodes
+from dphil.train.run_dir import load_journal, recorded_run_name, trim_episodes
 
 DEFAULT_STEPS = 16
 DEFAULT_VAL_EPISODES = 8
@@ -139,7 +139,8 @@ def build_config(req: TrainRequest) -> TrainConfig:
     return TrainConfig(
         base_model=req.base_model,
         run_dir=run_dir,
-        run=req.run or run_dir.resolve().name,
+        # A resumed run keeps its name even when its directory was moved or renamed.
+        run=req.run or recorded_run_name(run_dir) or run_dir.resolve().name,
         backend=req.backend,
         lora_rank=req.lora_rank,
         lora_alpha=lora_alpha,

@@ -17,6 +17,7 @@ import datetime as _dt
 import hashlib
 import json
 import math
+import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -32,7 +33,15 @@ from dphil.scoring.reward import RewardSpec
 from dphil.scoring.score import score_record
 from dphil.train.advantages import AdvantageSpec, turn_advantages
 from dphil.train.curriculum import Curriculum
-from dphil.train.run_dir import STEPS_DIR, _append_journal, check_settings, load_journal, step_dir
+from dphil.train.run_dir import (
+    STEPS_DIR,
+    _append_journal,
+    check_settings,
+    load_journal,
+    path_in_run,
+    resume_adapter,
+    step_dir,
+)
 
 
 class Backend(Protocol):
@@ -144,14 +153,16 @@ def default_val_seeds(base_seed: int, count: int) -> tuple[int, ...]:
 
 def run_training(cfg: TrainConfig, make_backend: Callable[[str | None], Backend], progress: Progress) -> int:
     """Train from the last committed step to `cfg.steps`; return how many steps were run."""
-    check_settings(cfg)
+    run_id = check_settings(cfg)
     journal = load_journal(cfg.run_dir)
     last = journal[-1]["step"] if journal else 0
     if last >= cfg.steps:
         progress.say(f"{cfg.run}: already at step {last} of {cfg.steps}; nothing to do")
         return 0
     state = journal[-1]["curriculum_state"] if journal else cfg.curriculum.initial_state()
-    resume_from = journal[-1]["path"] if journal else None
+    # From this directory's own adapter, wherever the directory is now: never from the
+    # path the journal recorded (relative to another working directory, or moved away).
+    resume_from = resume_adapter(cfg.run_dir, journal[-1]) if journal else None
     # Anything saved after the last committed step is from an interrupted step: drop it.
     stale = cfg.run_dir / STEPS_DIR
     if stale.exists():
@@ -171,8 +182,8 @@ def run_training(cfg: TrainConfig, make_backend: Callable[[str | None], Backend]
             played = backend.rollout(configs, seed=derive_seed("sample", cfg.seed, step))
             groups = _score_groups(cfg, played)
             stats = backend.train_groups(groups, step=step)
-            path = backend.save(step_dir(cfg.run_dir, step), step=step)
-            record = _checkpoint_record(cfg, backend, step, path, sizes, seeds, groups, stats, state)
+            path = os.path.abspath(backend.save(step_dir(cfg.run_dir, step), step=step))
+            record = _checkpoint_record(cfg, backend, step, path, sizes, seeds, groups, stats, state, run_id)
             episodes = [ep.record for g in groups for ep in g.episodes]
             if cfg.val_every and (step % cfg.val_every == 0 or step == cfg.steps):
                 val_eps = _validate(cfg, backend, step, path)
@@ -203,7 +214,7 @@ def _train_configs(
 ) -> tuple[list[EpisodeConfig], list[int]]:
     configs, seeds = [], []
     prev = step - 1
-    adapter = str(step_dir(cfg.run_dir, prev)) if prev else None
+    adapter = os.path.abspath(step_dir(cfg.run_dir, prev)) if prev else None
     for g in range(cfg.groups):
         n = sizes[g % len(sizes)]
         k = 0
@@ -326,14 +337,22 @@ def _checkpoint_record(
     groups: list[ScoredGroup],
     stats: dict[str, float],
     state: dict,
+    run_id: str | None = None,
 ) -> dict[str, Any]:
     episodes = [ep.record for g in groups for ep in g.episodes]
+    inner = path_in_run(cfg.run_dir, path)
     record: dict[str, Any] = {
         "kind": "checkpoint",
         "schema_version": SCHEMA_VERSION,
         "run": cfg.run,
         "step": step,
+        # Where the adapter is: `path` absolute as saved; `path_in_run` inside the run
+        # directory, which readers find from the record's file by `run_id` even after a move
+        # (dphil.checkpoints.record.adapter_path).
         "path": path,
+        **({"path_in_run": inner} if inner is not None else {}),
+        "run_dir": os.path.abspath(cfg.run_dir),
+        **({"run_id": run_id} if run_id is not None else {}),
         "base_model": cfg.base_model,
         "lora_rank": cfg.lora_rank,
         "lora_alpha": cfg.lora_alpha,
