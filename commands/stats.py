@@ -107,6 +107,14 @@ comparisons are Holm-adjusted (--adjust). Errored episodes are counted and left 
     help="--format table in one piece, however wide (by default it wraps into blocks of 100 columns, "
     "each repeating the cell's fields).",
 )
+@click.option(
+    "--dedupe",
+    type=click.Choice(["fail", "first"]),
+    default="fail",
+    show_default=True,
+    help="An episode_id read before (the same file twice, overlapping shards): fail names both lines "
+    "(exit 65); first keeps the first and reports how many repeats were dropped on stderr.",
+)
 @output_option
 @wait_lock_option
 @on_error_option
@@ -124,6 +132,7 @@ def main(
     plot,
     degenerate_warn,
     wide,
+    dedupe,
     output,
     wait_lock,
     on_error,
@@ -147,6 +156,7 @@ def main(
             wide=wide,
             output=output,
             on_error=on_error,
+            dedupe=dedupe,
         )
         return run_stats(request, console)
 

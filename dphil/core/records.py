@@ -8,6 +8,7 @@ contract for outside tools; the tests validate `samples/` against them.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -20,6 +21,22 @@ from dphil.io.errors import DataError
 
 # 2: local models' turns keep their reply as `raw`, like API turns (1 called it `reply`).
 SCHEMA_VERSION = 2
+
+# -- what every reader accepts (dphil-score, dphil-stats, dphil-show): one definition -------
+
+# The versions this dphil reads: `turn_raw` reads version 1's `reply`; anything else (99, "2",
+# null) was written by something else and is refused. A record without the field (written by
+# hand) is read as the current version.
+SCHEMA_VERSIONS = (1, SCHEMA_VERSION)
+# A seed is a JSON integer as orjson reads and writes one: int64 or uint64. (2**64 parses as a
+# float, and so is refused as not an integer.)
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
+# The largest magnitude of a reward total (and of the other real numbers dphil-stats sums:
+# metrics, cost). Under the study's weights a total lies within a few units (the fairness
+# penalty grows with rounds**2); beyond 1e100 it can only come from absurd weights or a
+# hostile file. Squares of such numbers summed over 10**100 episodes stay finite, so no mean
+# or variance in dphil-stats overflows to inf.
+MAX_MAGNITUDE = 1e100
 
 
 @dataclass(frozen=True)
@@ -90,7 +107,7 @@ class EpisodeConfig:
         if around is None:
             around = state["_id_around_seed"] = _around_seed(self.identity(), self.variant)
         seed = self.seed
-        if around and type(seed) is int and _INT64_MIN <= seed <= _UINT64_MAX:
+        if around and type(seed) is int and SEED_MIN <= seed <= SEED_MAX:
             value = hashlib.blake2b(b"%b%d%b" % (around[0], seed, around[1]), digest_size=8).hexdigest()
         else:
             value = episode_id(self.identity())
@@ -137,9 +154,6 @@ def turn_raw(turn: dict[str, Any]) -> str | None:
 def episode_id(identity: dict[str, Any]) -> str:
     """A stable 16-hex-digit id: a hash of the identity fields, independent of key order."""
     return hashlib.blake2b(orjson.dumps(identity, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()
-
-
-_INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1  # the integers orjson writes
 
 
 def _around_seed(identity: dict[str, Any], variant: dict[str, Any]) -> tuple[bytes, bytes] | tuple[()]:
@@ -203,6 +217,9 @@ def check_episode(record: dict[str, Any]) -> None:
             and type(record["n"]) is int
             and type(record["rounds"]) is int
             and type(record["seed"]) is int
+            and SEED_MIN <= record["seed"] <= SEED_MAX
+            and type(record.get("schema_version", SCHEMA_VERSION)) is int
+            and record.get("schema_version", SCHEMA_VERSION) in _VERSIONS
             and type(record["turns"]) is list
             and type(record["meals"]) is list
             and record["status"] in _STATUSES
@@ -217,11 +234,14 @@ def check_episode(record: dict[str, Any]) -> None:
     kind = record.get("kind", "episode")
     if kind != "episode":
         raise DataError(f"expected an episode record, got kind {kind!r}")
+    check_schema_version(record)
     for name, typ in _EPISODE_TYPES:
         if name not in record:
             raise DataError(f"missing field {name!r}")
         value = record[name]
-        if not isinstance(value, typ) or isinstance(value, bool):
+        if name == "seed":
+            check_seed(value)
+        elif not isinstance(value, typ) or isinstance(value, bool):
             raise DataError(f"field {name!r} should be {_type_name(typ)}, got {_type_name(type(value))}")
     if record["status"] not in ("complete", "error"):
         raise DataError(f"field 'status' should be 'complete' or 'error', got {record['status']!r}")
@@ -231,6 +251,50 @@ def check_episode(record: dict[str, Any]) -> None:
         raise DataError(f"unknown schedule {record['schedule']!r}")
     if record["n"] < 2 or record["rounds"] < 1:
         raise DataError("field 'n' must be at least 2 and 'rounds' at least 1")
+
+
+_VERSIONS = frozenset(SCHEMA_VERSIONS)
+
+
+def check_schema_version(record: dict[str, Any]) -> None:
+    """DataError unless the record's `schema_version` is one this dphil reads (or absent)."""
+    if "schema_version" not in record:
+        return
+    version = record["schema_version"]
+    if type(version) is not int or version not in _VERSIONS:
+        known = " and ".join(map(str, SCHEMA_VERSIONS))
+        raise DataError(
+            f"unknown schema_version {_shown(version)}: this dphil reads versions {known} "
+            "(a newer dphil, or another tool, wrote this record)"
+        )
+
+
+def check_seed(seed: Any) -> int:
+    """The seed, or DataError unless it is an integer orjson can write (int64 or uint64)."""
+    if not is_int(seed) or not SEED_MIN <= seed <= SEED_MAX:
+        # 2**64 in a file parses as a float: it is refused here as not an integer.
+        raise DataError(f"field 'seed' should be an integer from -2**63 to 2**64-1, got {_shown(seed)}")
+    return seed
+
+
+def check_number(value: Any, name: str) -> float:
+    """A finite JSON number no larger in magnitude than MAX_MAGNITUDE, or DataError naming `name`."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise DataError(f"field {name!r} should be a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DataError(f"field {name!r} should be a finite number")
+    if abs(value) > MAX_MAGNITUDE:
+        raise DataError(f"field {name!r} is out of range: {_shown(value)} is beyond ±{MAX_MAGNITUDE:g}")
+    return float(value)
+
+
+def _shown(value: Any) -> str:
+    """A value from a record as JSON, cut to 40 characters (it may be anything, of any size)."""
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:  # not JSON: an int beyond 64 bits, say (records built in Python)
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def is_int(value: Any) -> TypeGuard[int]:

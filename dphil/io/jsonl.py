@@ -30,7 +30,7 @@ from typing import IO, Any, cast
 
 import orjson
 
-from dphil.io.atomic import discard, is_special, make_parents, publish, temp_beside
+from dphil.io.atomic import discard, is_disk_full, is_special, make_parents, publish, temp_beside
 from dphil.io.errors import DataError, NoInputError, OutputError
 
 MAX_LINE = 64 * 1024 * 1024
@@ -96,7 +96,9 @@ class RecordReader:
     With `on_error="skip"`, malformed lines (and records a command rejects via
     `reject`) are counted in `skipped` instead of stopping the run. While a
     record is being handled, `source`, `line` and `raw` (its line's bytes,
-    byte-order mark removed) say where it came from.
+    byte-order mark removed) say where it came from. `name` and `first_line`
+    locate a piece of a larger input (dphil-stats reads its sources in chunks):
+    lines are then named `name:first_line`, `name:first_line + 1`, ...
     """
 
     def __init__(
@@ -106,8 +108,12 @@ class RecordReader:
         on_error: str = "fail",
         stdin: IO[bytes] | None = None,
         warn=None,
+        name: str | None = None,
+        first_line: int = 1,
     ) -> None:
         self.sources = list(sources) or ["-"]
+        self._name = name
+        self._first_line = first_line
         self.on_error = on_error
         self.stdin = stdin
         self.skipped = 0
@@ -120,11 +126,11 @@ class RecordReader:
         loads = orjson.loads
         decode_error = orjson.JSONDecodeError
         for src in self.sources:
-            self.source = source_name(src)
+            self.source = self._name or source_name(src)
             stream = open_input(src, self.stdin)
             try:
                 readline = stream.readline
-                lineno = 0
+                lineno = self._first_line - 1
                 while True:
                     try:
                         line = readline(MAX_LINE + 1)
@@ -328,10 +334,18 @@ class RecordWriter:
             if not self._stream:
                 assert self._fd is not None  # a file was opened in __init__
                 try:
-                    if self._sync and (success or self.mode == "append"):
-                        os.fsync(self._fd)
-                finally:
-                    os.close(self._fd)
+                    try:
+                        if self._sync and (success or self.mode == "append"):
+                            os.fsync(self._fd)
+                    finally:
+                        os.close(self._fd)
+                except OSError as e:  # a disk that filled up shows at fsync or close on some file systems
+                    if not is_disk_full(e):
+                        raise
+                    if self._tmp is not None:
+                        discard(self._tmp)
+                        self._tmp = None
+                    raise OutputError(f"{self.path}: write failed: {e.strerror}") from None
                 if self._tmp is not None:
                     if success:
                         assert self.path is not None  # a temporary file stands in for a path

@@ -1,16 +1,15 @@
 """Cells: one `kind: "cell"` record per value of the --by fields, summarising its episodes.
 
-A cell's reward mean has a Student t interval and its deadlock rate a Wilson interval
-(`dphil.core.maths`); errored episodes are counted, never averaged, and a cell whose
-episodes are mostly degenerate (no deadlock and no meals) is warned about.
+The numbers come from the running totals kept while reading (`dphil.results.tally`), not from
+the episodes themselves. A cell's reward mean has a Student t interval and its deadlock rate
+a Wilson interval (`dphil.core.maths`); errored episodes are counted, never averaged, and a
+cell whose episodes are mostly degenerate (no deadlock and no meals) is warned about.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
-
-import polars as pl
 
 from dphil.core import maths as stats
 from dphil.core.records import SCHEMA_VERSION
@@ -28,37 +27,10 @@ def cell_records(
     confidence: float = stats.CONFIDENCE,
 ) -> list[dict[str, Any]]:
     """One `kind: "cell"` record per value of the `by` fields, in sorted order."""
-    frame = episodes.frame
-    if frame.height == 0:
+    if episodes.count == 0:
         return []
     by = list(by)
-    c = pl.col
-    summary = (
-        frame.group_by(by)
-        .agg(
-            c("_reward").count().alias("episodes"),
-            c("_error").sum().alias("errors"),
-            c("_variant").drop_nulls().unique().sort().alias("variants"),
-            c("_reward").mean().alias("reward_mean"),
-            c("_reward").std(ddof=1).alias("reward_std"),
-            c("_deadlock").sum().alias("deadlocks"),
-            c("_meals").mean().alias("meals_mean"),
-            (c("_meals") == 0).sum().alias("zero_meals"),
-            ((c("_meals") == 0) & ~c("_deadlock")).sum().alias("degenerate"),
-            c("_throughput").mean().alias("throughput_mean"),
-            c("_gini").mean().alias("gini_fairness_mean"),
-            c("_starvation").mean().alias("starvation_mean"),
-            c("_ttd").mean().alias("time_to_deadlock_mean"),
-            c("_turns").sum().alias("turns"),
-            c("_null").sum().alias("null"),
-            c("_acted").sum().alias("acted"),
-            c("_failed").sum().alias("failed"),
-            c("_prompt_tokens").sum().alias("prompt_tokens"),
-            c("_completion_tokens").sum().alias("completion_tokens"),
-            c("_cost").sum().alias("cost"),
-        )
-        .sort(by, nulls_last=True)
-    )
+    summary = episodes.cells(by).sort(by, nulls_last=True)
     records = []
     for row in summary.iter_rows(named=True):
         group = {f: row[f] for f in by}

@@ -2,13 +2,15 @@
 
 Each comparison record carries Welch's t, Hedges' g, the two-proportion test of the
 deadlock rates and, where the arms share seeds, the paired tests; p values are adjusted
-for multiplicity across every comparison of the run, one family per test.
+for multiplicity across every comparison of the run, one family per test. Arms that share
+seeds but cannot be paired (a seed twice in an arm, episodes without one) say so in the
+record's notes and in a warning. The arms' episodes are what reading kept for each
+comparison (`dphil.results.tally.Arms`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
@@ -17,16 +19,11 @@ from dphil.core import maths as stats
 from dphil.core.records import SCHEMA_VERSION
 from dphil.io.errors import UsageError
 from dphil.results.cells import _label, _pair, _rate
+from dphil.results.fields import Compare
 from dphil.results.frame import Episodes, Warn, _silent
+from dphil.results.tally import Key
 
-
-@dataclass(frozen=True)
-class Compare:
-    """`--compare FIELD A B`: B against A, within each group of the other --by fields."""
-
-    field: str
-    a: str
-    b: str
+__all__ = ["Compare", "comparison_records"]
 
 
 def comparison_records(
@@ -44,33 +41,55 @@ def comparison_records(
     with p values adjusted for multiplicity across all of them (per test)."""
     if adjust not in stats.ADJUSTMENTS:
         raise UsageError(f"unknown --adjust {adjust!r}")
-    frame = episodes.frame
     records: list[dict[str, Any]] = []
     for comp in compares:
         if comp.a == comp.b:
             raise UsageError(f"--compare {comp.field} {comp.a} {comp.b}: A and B are the same")
-        if comp.field not in frame.columns:
-            raise UsageError(f"--compare {comp.field}: the field was not read")
-        text = pl.col(comp.field).cast(pl.String)
-        arms = frame.filter(text.is_in([comp.a, comp.b])).with_columns((text == comp.b).alias("_is_b"))
-        for value in (comp.a, comp.b):
-            if arms.filter(text == value).height == 0:
-                raise UsageError(f"--compare {comp.field} {comp.a} {comp.b}: no episodes with {comp.field} = {value!r}")
+        if comp not in episodes.arms:
+            raise UsageError(f"--compare {comp.field} {comp.a} {comp.b}: the episodes were read without it")
         rest = [f for f in by if f != comp.field]
-        if rest:
-            parts = arms.sort(rest, nulls_last=True).partition_by(rest, as_dict=True, maintain_order=True)
-        else:
-            parts = {(): arms}
-        for key, part in parts.items():
+        episodes.check_read(rest)
+        groups = _groups(episodes, comp, rest)
+        for side, value in enumerate((comp.a, comp.b)):
+            if not any(arms[side] for arms in groups.values()):
+                raise UsageError(f"--compare {comp.field} {comp.a} {comp.b}: no episodes with {comp.field} = {value!r}")
+        for key in sorted(groups, key=lambda k: tuple((v is None, v) for v in k)):
             group = dict(zip(rest, key, strict=True))
-            a, b = part.filter(~pl.col("_is_b")), part.filter(pl.col("_is_b"))
-            if a.height == 0 or b.height == 0:
-                missing = comp.a if a.height == 0 else comp.b
+            arm_a, arm_b = groups[key]
+            if not arm_a or not arm_b:
+                missing = comp.a if not arm_a else comp.b
                 warn(f"{_label(group)}: no episodes with {comp.field} = {missing!r}; comparison skipped")
                 continue
-            records.append(_compare(comp, group, a, b, power=power, effect=effect, confidence=confidence))
+            a, b = (pl.concat([piece for _, piece in arm], rechunk=True) for arm in (arm_a, arm_b))
+            values = (arm_a[0][0], arm_b[0][0])
+            records.append(
+                _compare(comp, group, a, b, values, power=power, effect=effect, confidence=confidence, warn=warn)
+            )
     _adjust_all(records, adjust)
     return records
+
+
+Arm = list[tuple[Any, pl.DataFrame]]  # (the field's value, episodes) per key read
+
+
+def _groups(episodes: Episodes, comp: Compare, rest: Sequence[str]) -> dict[Key, tuple[Arm, Arm]]:
+    """The episodes of each arm per group of the `rest` fields, settled now that every type is known."""
+    arms = episodes.arms[comp]
+    pieces = arms.joined()
+    raw = list(pieces)
+    typed = episodes.typed(raw, arms.keys)
+    if not typed:
+        return {}
+    at = arms.keys.index(comp.field)
+    where = [arms.keys.index(f) for f in rest]
+    texts = pl.Series([t[at] for t in typed], dtype=episodes.types[comp.field]).cast(pl.String).to_list()
+    groups: dict[Key, tuple[Arm, Arm]] = {}
+    for key, values, text in zip(raw, typed, texts, strict=True):
+        if text not in (comp.a, comp.b):
+            continue
+        arm_a, arm_b = groups.setdefault(tuple(values[i] for i in where), ([], []))
+        (arm_a if text == comp.a else arm_b).append((values[at], pieces[key]))
+    return groups
 
 
 def _compare(
@@ -78,10 +97,12 @@ def _compare(
     group: dict[str, Any],
     a: pl.DataFrame,
     b: pl.DataFrame,
+    values: tuple[Any, Any],
     *,
     power: bool,
     effect: float | None,
     confidence: float,
+    warn: Warn,
 ) -> dict[str, Any]:
     notes: list[str] = []
     a_ok, b_ok = a.filter(~pl.col("_error")), b.filter(~pl.col("_error"))
@@ -102,8 +123,8 @@ def _compare(
         "schema_version": SCHEMA_VERSION,
         **group,
         "field": comp.field,
-        "a": _arm(a[comp.field][0], a, a_ok, ra, ka, confidence),
-        "b": _arm(b[comp.field][0], b, b_ok, rb, kb, confidence),
+        "a": _arm(values[0], a, a_ok, ra, ka, confidence),
+        "b": _arm(values[1], b, b_ok, rb, kb, confidence),
         "diff": welch.diff,
         "diff_ci": _pair(welch.lo, welch.hi),
         "welch_t": welch.t,
@@ -125,7 +146,10 @@ def _compare(
         "paired": False,
         "paired_tests": None,
     }
-    pairs = _pairs(a_ok, b_ok, notes)
+    pairs, unpaired = _pairs(a_ok, b_ok, notes)
+    if unpaired is not None:
+        notes.append(unpaired)
+        warn(f"--compare {comp.field} {comp.a} {comp.b} ({_label(group)}): {unpaired}; unpaired tests only")
     if pairs is not None:
         pt = stats.paired(pairs["_reward"].to_numpy(), pairs["_reward_b"].to_numpy(), confidence)
         mc = stats.mcnemar(pairs["_deadlock"].to_numpy(), pairs["_deadlock_b"].to_numpy())
@@ -177,27 +201,27 @@ def _arm(
     }
 
 
-def _pairs(a: pl.DataFrame, b: pl.DataFrame, notes: list[str]) -> pl.DataFrame | None:
-    """Episodes matched by seed, when both arms use each seed at most once and share >= 2."""
+def _pairs(a: pl.DataFrame, b: pl.DataFrame, notes: list[str]) -> tuple[pl.DataFrame | None, str | None]:
+    """Episodes matched by seed, when both arms use each seed at most once and share >= 2;
+    else why they cannot be paired (None when the arms share no seed: unpaired by design)."""
     sa, sb = a["_seed"], b["_seed"]
+    if not sa.drop_nulls().is_in(sb.drop_nulls()).any():
+        return None, None
     if sa.null_count() or sb.null_count():
-        return None
+        return None, "some episodes have no seed: episodes cannot be paired by seed"
     if sa.n_unique() != len(sa) or sb.n_unique() != len(sb):
-        shared = set(sa.to_list()) & set(sb.to_list())
-        if shared:
-            notes.append("seeds repeat within an arm: episodes cannot be paired by seed")
-        return None
+        return None, "seeds repeat within an arm: episodes cannot be paired by seed"
     cols = ["_seed", "_reward", "_deadlock"]
     joined = a.select(cols).join(b.select(cols), on="_seed", how="inner", suffix="_b")
     if joined.height < 2:
-        return None
+        return None, "the arms share a single seed: too few to pair"
     unmatched = len(sa) + len(sb) - 2 * joined.height
     if unmatched:
         notes.append(
             f"paired tests use the {joined.height} seeds found in both arms; "
             f"{unmatched} episode(s) without a partner are left out of them"
         )
-    return joined.sort("_seed")
+    return joined.sort("_seed"), None
 
 
 def _power(observed: float | None, effect: float | None, na: int, nb: int, notes: list[str]) -> dict[str, Any]:

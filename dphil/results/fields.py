@@ -1,19 +1,24 @@
 """The episode fields the results read, their types, and the names a --by field may take.
 
-Polars parses each source with the explicit schema `_RAW`, which names only the fields
-statistics need (turns as just their `action` and `ok`), so nothing else is materialised.
-`_KNOWN` types the contract fields a --by may name, `_DERIVED` is the row each episode
-becomes, and `_RESERVED` holds the names the cell and comparison records use themselves,
-which no grouping field may take (`parse_by`, `check_fields`).
+Polars parses each chunk of a source with the explicit schema `_RAW`, which names only the
+fields statistics need (turns as just their `action` and `ok`), so nothing else is
+materialised. `_KNOWN` types the contract fields a --by may name, `_DERIVED` is the row each
+episode becomes before it is added to the running totals (`derived_row` makes it from one
+record read line by line, with the checks of `dphil.core.records`), and `_RESERVED` holds the
+names the cell and comparison records use themselves, which no grouping field may take
+(`parse_by`, `check_fields`). `Compare` is one `--compare FIELD A B`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import polars as pl
 
-from dphil.io.errors import UsageError
+from dphil.core.records import check_number, check_schema_version, check_seed, checked_outcome, is_int
+from dphil.io.errors import DataError, UsageError
 
 DEFAULT_BY = ("model", "n")
 
@@ -40,8 +45,12 @@ _OBJECTS = ("reward", "metrics", "turns", "meals", "usage", "events", "deadlock_
 
 _RAW: dict[str, pl.DataType] = {
     "kind": pl.String(),
+    "schema_version": pl.Int64(),
+    "episode_id": pl.String(),
     "status": pl.String(),
-    "seed": pl.String(),
+    # Int64: a seed written as 1.0, "1" or 2**64 fails polars, and the line-by-line reading
+    # says why; int64 seeds beyond 2**63 (uint64, which orjson writes) are read that way too.
+    "seed": pl.Int64(),
     "deadlock": pl.Boolean(),
     "meals": pl.List(pl.Int64()),
     "reward": pl.Struct({"variant": pl.String(), "total": pl.Float64()}),
@@ -59,6 +68,7 @@ _RAW: dict[str, pl.DataType] = {
 
 # One row per episode after reading: the grouping fields plus these.
 _DERIVED: dict[str, pl.DataType] = {
+    "_id": pl.String(),
     "_error": pl.Boolean(),
     "_seed": pl.String(),
     "_reward": pl.Float64(),
@@ -129,6 +139,15 @@ _RESERVED = frozenset(
 DEGENERATE_WARN = 0.25
 
 
+@dataclass(frozen=True)
+class Compare:
+    """`--compare FIELD A B`: B against A, within each group of the other --by fields."""
+
+    field: str
+    a: str
+    b: str
+
+
 def parse_by(text: str) -> list[str]:
     """`model,n` -> ["model", "n"], refusing names the records cannot be grouped by."""
     fields = [f.strip() for f in text.split(",") if f.strip()]
@@ -148,14 +167,141 @@ def check_fields(fields: Sequence[str]) -> None:
             raise UsageError(f"cannot group by {f!r}: the name is taken by the output records")
 
 
-def check_present(frame: pl.DataFrame, names: Sequence[str]) -> None:
+def check_present(present: Collection[str], episodes: int, names: Sequence[str]) -> None:
     """A --by or --compare field that no episode has is a typo, not a group: exit 64 naming it.
 
-    Contract fields (`_KNOWN`) are exempt: `deadlock_round` is null in every episode of a
-    table that never deadlocked, and that is a group."""
+    `present` holds the fields some episode had a value for. Contract fields (`_KNOWN`) are
+    exempt: `deadlock_round` is null in every episode of a table that never deadlocked, and
+    that is a group."""
     for f in dict.fromkeys(names):
-        if f not in _KNOWN and f in frame.columns and frame.height and frame[f].null_count() == frame.height:
+        if f not in _KNOWN and episodes and f not in present:
             raise UsageError(
                 f"no episode has a field {f!r}: group by record fields such as "
                 f"{', '.join(DEFAULT_BY)}, protocol, run, checkpoint_step, or a --tag key"
             )
+
+
+# -- one record's row, read line by line ------------------------------------------------
+
+
+def derived_row(record: dict[str, Any], fields: Sequence[str]) -> list[Any]:
+    """The `_DERIVED` row of one record after its `fields`, or DataError saying what is wrong with it.
+
+    What polars reads a chunk into, for one record read line by line (`frame._load_slowly`)."""
+    kind = record.get("kind", "episode")
+    if kind != "episode":
+        raise DataError(f"expected a scored episode, got a record of kind {kind!r}")
+    status = record.get("status")
+    if status not in ("complete", "error"):
+        if "status" not in record:
+            raise DataError("missing field 'status'")
+        raise DataError(f"field 'status' should be 'complete' or 'error', got {status!r}")
+    check_schema_version(record)
+    values: list[Any] = [_field(record, f) for f in fields]
+    seed = record.get("seed")
+    if seed is not None:
+        check_seed(seed)
+    episode_id = record.get("episode_id")
+    if isinstance(episode_id, dict | list):
+        raise DataError("field 'episode_id' should be a string")
+    values.append(_text(episode_id))
+    values.append(status == "error")
+    values.append(None if seed is None else str(seed))
+    usage = _usage(record.get("usage"))
+    if status == "error":
+        return [*values, *([None] * 12), *usage]
+    reward = record.get("reward")
+    if not isinstance(reward, dict):
+        raise DataError("episode is not scored (no 'reward' object): run dphil-score first")
+    total = check_number(reward.get("total"), "reward.total")
+    variant = reward.get("variant")
+    meals, deadlock = checked_outcome(record)
+    turns = record.get("turns")
+    if not isinstance(turns, list):
+        raise DataError("field 'turns' should be a list")
+    n_null = n_failed = 0
+    for k, t in enumerate(turns):
+        if not isinstance(t, dict) or not isinstance(t.get("ok"), bool):
+            raise DataError(f"turns[{k}] should be an object with a boolean 'ok'")
+        action = t.get("action")
+        if action is None:
+            n_null += 1
+        elif not isinstance(action, str):
+            raise DataError(f"turns[{k}].action should be a string or null")
+        elif not t["ok"]:
+            n_failed += 1
+    metrics = record.get("metrics")
+    if not isinstance(metrics, dict):
+        raise DataError("episode is not scored (no 'metrics' object): run dphil-score first")
+    throughput = check_number(metrics.get("throughput_per_round"), "metrics.throughput_per_round")
+    gini = check_number(metrics.get("gini_fairness"), "metrics.gini_fairness")
+    if not is_int(metrics.get("starvation")):
+        raise DataError("field 'metrics.starvation' should be a number")
+    ttd = metrics.get("time_to_deadlock")
+    if ttd is not None and not is_int(ttd):
+        raise DataError("field 'metrics.time_to_deadlock' should be an integer or null")
+    return [
+        *values,
+        total,
+        variant if isinstance(variant, str) else None,
+        deadlock,
+        sum(meals),
+        throughput,
+        gini,
+        metrics["starvation"],
+        ttd,
+        len(turns),
+        n_null,
+        len(turns) - n_null,
+        n_failed,
+        *usage,
+    ]
+
+
+def _field(record: dict[str, Any], name: str) -> Any:
+    value = record.get(name)
+    if isinstance(value, dict | list):
+        raise DataError(
+            f"field {name!r} is an {'object' if isinstance(value, dict) else 'array'}; "
+            "--by and --compare need a single value"
+        )
+    known = _KNOWN.get(name)
+    if known is None or isinstance(known, pl.String):
+        # Text, as polars reads it; free fields get their type once every chunk is read.
+        return _text(value)
+    if value is None:
+        return None
+    if isinstance(known, pl.Boolean):
+        if not isinstance(value, bool):
+            raise DataError(f"field {name!r} should be true or false")
+        return value
+    if not is_int(value):
+        raise DataError(f"field {name!r} should be an integer")
+    return value
+
+
+def _text(value: Any) -> str | None:
+    """A scalar JSON value as polars reads it into a text column."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _usage(usage: Any) -> list[Any]:
+    if usage is None:
+        return [0, 0, 0.0]
+    if not isinstance(usage, dict):
+        raise DataError("field 'usage' should be an object")
+    out: list[Any] = []
+    for name in ("prompt_tokens", "completion_tokens"):
+        value = usage.get(name)
+        if value is not None and not is_int(value):
+            raise DataError(f"field 'usage.{name}' should be a number")
+        out.append(value if value is not None else 0)
+    cost = usage.get("cost")
+    out.append(0.0 if cost is None else check_number(cost, "usage.cost"))
+    return out

@@ -1,38 +1,44 @@
-"""Scored episodes read into one polars frame: a row per episode, its grouping fields and measures.
+"""Scored episodes read chunk by chunk into running totals: memory follows the cells, not the input.
 
-Reading is built for a million episodes: polars parses each source with an explicit
-schema (`dphil.results.fields`) that names only the fields statistics need, so nothing
-else is materialised. Polars' own errors say "syntax at character 4" and
-nothing about where, so when a source fails to parse, or a parsed row breaks the
-contract, that source is read again line by line with `dphil.io.jsonl.RecordReader`,
-which reports the first bad line as `file:line: reason` (or, with `--on-error skip`,
-leaves bad lines out and counts them). Episodes with `status: "error"` are kept only
-to be counted: every statistic excludes them.
+Each source is read in chunks of about CHUNK_BYTES of whole lines; a line longer than
+`dphil.io.jsonl.MAX_LINE` is refused (or, with `--on-error skip`, skipped) without being held
+whole. Polars parses a chunk with an explicit schema (`dphil.results.fields`) that names only
+the fields statistics need, into one derived row per episode; the rows are checked for
+`episode_id`s read before (`--dedupe`), folded into the running totals of
+`dphil.results.tally` and dropped. dphil-stats thus holds one chunk, each cell's totals, the
+compared arms' values and the ids seen, however large its input.
+
+Polars' own errors say "syntax at character 4" and nothing about where, so when a chunk
+fails to parse, or a parsed row breaks the contract, that chunk is read again line by line
+with `dphil.io.jsonl.RecordReader`, which reports the first bad line as `file:line: reason`
+(or, with `--on-error skip`, leaves bad lines out and counts them). Episodes with
+`status: "error"` are kept only to be counted: every statistic excludes them.
 """
 
 from __future__ import annotations
 
-import gzip
 import io
-import math
-import os
-import stat
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import IO, Any, TypeGuard
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
 
+import numpy as np
 import polars as pl
 
-from dphil.core.records import checked_outcome, is_int
-from dphil.io.errors import DataError
-from dphil.io.jsonl import RecordReader, open_input, source_name
-from dphil.results.fields import _DERIVED, _KNOWN, _RAW, check_fields
+from dphil.core.records import MAX_MAGNITUDE, SCHEMA_VERSIONS
+from dphil.io.errors import DataError, UsageError
+from dphil.io.jsonl import MAX_LINE, RecordReader, open_input, source_name
+from dphil.results.fields import _DERIVED, _KNOWN, _RAW, Compare, check_fields, derived_row
+from dphil.results.tally import Arms, Key, SeenIds, Totals
 
+CHUNK_BYTES = 8 << 20  # the whole lines parsed at once: 8 MiB
+_BLOCK = 1 << 20  # read at a time
 _BOM = b"\xef\xbb\xbf"
+DEDUPE = ("fail", "first")
 
 Warn = Callable[[str], None]
-# Sees each source once it is read: its name, its bytes when they were read into memory
-# (stdin, gzip, pipes; None for a plain file polars read itself) and its rows.
+# Sees each chunk once it is read: its source, its bytes (whole lines) and its rows, in order.
 Keep = Callable[[str, "bytes | None", pl.DataFrame], None]
 
 
@@ -45,88 +51,269 @@ def _silent(_: str) -> None:
 
 @dataclass
 class Episodes:
-    """One row per episode (grouping fields + derived measures) and what reading left out."""
+    """What reading keeps: the cells' running totals, the compared arms, the counts.
 
-    frame: pl.DataFrame
+    `totals` are per value of every field read, free fields still as their text; `types`
+    gives each field its final type (a free field is a number when every value is one)."""
+
     fields: list[str]
-    skipped: int = 0
+    totals: Totals
+    arms: dict[Compare, Arms]
+    types: dict[str, pl.DataType]
+    count: int = 0  # episodes read and counted (complete and errored), each once
+    skipped: int = 0  # bad lines left out (--on-error skip)
+    dropped: int = 0  # repeated episodes left out (--dedupe first)
+    present: set[str] = field(default_factory=set)  # the free fields some episode has
+
+    def typed(self, keys: list[Key], names: Sequence[str]) -> list[Key]:
+        """`keys` (values of `names`, free fields as text) with each field's final type."""
+        if not keys:
+            return []
+        columns: list[list[Any]] = []
+        for name, values in zip(names, zip(*keys, strict=True), strict=True):
+            dtype = self.types[name]
+            if name in _KNOWN or dtype == pl.String:
+                columns.append(list(values))
+            else:
+                columns.append(pl.Series(values, dtype=pl.String).cast(dtype).to_list())
+        return list(zip(*columns, strict=True))
+
+    def check_read(self, names: Sequence[str]) -> None:
+        missing = [f for f in names if f not in self.fields]
+        if missing:
+            raise UsageError(f"{', '.join(missing)}: not among the fields read ({', '.join(self.fields)})")
+
+    def cells(self, by: Sequence[str]) -> pl.DataFrame:
+        """One row per value of `by`: the typed keys and the totals `cells.cell_records` reads."""
+        self.check_read(by)
+        keys = self.totals.keys
+        return self.totals.regrouped(by, lambda raw: self.typed(raw, keys)).summary(self.types)
 
 
 def load(
     sources: Sequence[str],
     fields: Sequence[str],
     *,
+    compares: Sequence[Compare] = (),
     on_error: str = "fail",
+    dedupe: str = "fail",
     stdin: IO[bytes] | None = None,
     warn: Warn = _silent,
     keep: Keep | None = None,
 ) -> Episodes:
-    """Read scored episodes from files or `-`, keeping `fields` and the measures.
+    """Read scored episodes from files or `-` into the totals of `fields` and the arms of `compares`.
 
-    `keep`, when given, is called once per source after it is read (what the
-    HTML report uses to take a few whole episodes per cell without reading
-    stdin twice).
+    `dedupe`: an episode_id read before is a data error (`fail`), or the repeat is left out
+    and counted (`first`). `keep`, when given, is called once per chunk after it is read
+    (what the HTML report uses to take a few whole episodes per cell without reading stdin
+    twice).
     """
-    fields = list(dict.fromkeys(fields))
+    if dedupe not in DEDUPE:
+        raise ValueError(f"dedupe must be one of {', '.join(DEDUPE)}, not {dedupe!r}")
+    fields = list(dict.fromkeys([*fields, *(c.field for c in compares)]))
     check_fields(fields)
-    raw = dict(_RAW)
-    for f in fields:
-        raw.setdefault(f, _KNOWN.get(f, pl.String()))
-    frames: list[pl.DataFrame] = []
-    skipped = 0
+    reading = _Reading(fields, compares, on_error=on_error, dedupe=dedupe, warn=warn, keep=keep)
     for src in list(sources) or ["-"]:
-        frame, bad, data = _load_source(src, raw, fields, on_error, stdin, warn)
-        if keep is not None:
-            keep(src, data, frame)
-        del data
-        frames.append(frame)
-        skipped += bad
-    frame = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
-    frame = _type_free_fields(frame, fields)
-    return Episodes(frame, fields, skipped)
+        reading.source(src, stdin)
+    return reading.episodes()
 
 
-def _load_source(
-    src: str,
-    raw: dict[str, pl.DataType],
-    fields: list[str],
-    on_error: str,
-    stdin: IO[bytes] | None,
-    warn: Warn,
-) -> tuple[pl.DataFrame, int, bytes | None]:
-    data: bytes | None = None
-    if src == "-":
-        data = _read_all(src, open_input(src, stdin))
-    else:
-        stream = open_input(src)  # names a missing or unreadable file (exit 66)
+class _Reading:
+    """The state of one load: what every chunk is folded into."""
+
+    def __init__(
+        self,
+        fields: list[str],
+        compares: Sequence[Compare],
+        *,
+        on_error: str,
+        dedupe: str,
+        warn: Warn,
+        keep: Keep | None,
+    ) -> None:
+        self.fields = fields
+        self.raw = dict(_RAW)
+        for f in fields:
+            self.raw.setdefault(f, _KNOWN.get(f, pl.String()))
+        self.on_error, self.dedupe, self.warn, self.keep = on_error, dedupe, warn, keep
+        self.totals = Totals(fields)
+        self.arms = {c: Arms(c.field, [c.a, c.b], fields, typed=c.field in _KNOWN) for c in dict.fromkeys(compares)}
+        self.seen = SeenIds()
+        self.free = [f for f in fields if f not in _KNOWN]
+        self.as_int = dict.fromkeys(self.free, True)
+        self.as_float = dict.fromkeys(self.free, True)
+        self.present: set[str] = set()
+        self.count = self.skipped = self.dropped = 0
+
+    def source(self, src: str, stdin: IO[bytes] | None) -> None:
+        name = source_name(src)
+        stream = open_input(src, stdin)  # names a missing or unreadable file (exit 66)
+        index = self.seen.source(name)
         try:
-            head = stream.peek(3)[:3] if hasattr(stream, "peek") else b""
-            # Polars reads regular plain files itself (memory-mapped); gzip, a BOM and
-            # pipes such as <(zcat ep.jsonl.gz) are read here, once.
-            if (
-                isinstance(stream, gzip.GzipFile)
-                or head.startswith(_BOM)
-                or not stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
-            ):
-                data = _read_all(src, stream)
+            for first_line, chunk in _chunks(stream, name, self.bad):
+                self.chunk(src, name, index, first_line, chunk)
         finally:
-            stream.close()
+            if src != "-":
+                stream.close()
+
+    def bad(self, error: DataError) -> None:
+        """A located bad line: raised, or with --on-error skip warned about and counted."""
+        if self.on_error != "skip":
+            raise error
+        self.skipped += 1
+        self.warn(error.message)
+
+    def chunk(self, src: str, name: str, index: int, first_line: int, chunk: bytes) -> None:
+        frame, lines, skipped = _read_chunk(name, chunk, first_line, self.raw, self.fields, self.on_error, self.warn)
+        self.skipped += skipped
+        if frame.height == 0:
+            return
+        repeats = self.seen.add(frame["_id"], lines, index)
+        if repeats:
+            if self.dedupe == "first":
+                self.dropped += len(repeats)
+            else:
+                for r in repeats:
+                    shown = r.episode_id if len(r.episode_id) <= 40 else r.episode_id[:37] + "..."
+                    line = int(lines[r.row])
+                    self.bad(DataError(f"episode {shown} already read at {r.first}", source=name, line=line))
+            keep = np.ones(frame.height, dtype=bool)
+            keep[[r.row for r in repeats]] = False
+            frame = frame.filter(pl.Series(keep))
+        self.count += frame.height
+        for f in self.free:
+            col = frame[f]
+            nulls = col.null_count()
+            if nulls < len(col):
+                self.present.add(f)
+            if self.as_int[f]:
+                self.as_int[f] = col.cast(pl.Int64, strict=False).null_count() == nulls
+            if self.as_float[f]:
+                self.as_float[f] = col.cast(pl.Float64, strict=False).null_count() == nulls
+        self.totals.add(frame)
+        for arms in self.arms.values():
+            arms.add(frame)
+        if self.keep is not None:
+            self.keep(src, chunk, frame)
+
+    def episodes(self) -> Episodes:
+        types = {f: _KNOWN[f] for f in self.fields if f in _KNOWN}
+        for f in self.free:
+            types[f] = pl.Int64() if self.as_int[f] else pl.Float64() if self.as_float[f] else pl.String()
+        return Episodes(
+            self.fields, self.totals, self.arms, types, self.count, self.skipped, self.dropped, self.present
+        )
+
+
+def _chunks(stream: IO[bytes], name: str, bad: Callable[[DataError], None]) -> Iterator[tuple[int, bytes]]:
+    """Whole lines of `stream` in chunks of about CHUNK_BYTES, each with the number of its first line.
+
+    A line longer than MAX_LINE goes to `bad` (located) and is read on to its end without
+    being kept: no more than MAX_LINE + _BLOCK bytes of it are ever held. So does a stream
+    that cannot be read on (a truncated gzip), after the whole lines before it.
+    """
+    read = getattr(stream, "read1", stream.read)
+    line = 1  # the number of the first line in `whole`
+    whole: list[bytes] = []  # whole lines read and not yet handed out
+    size = 0
+    tail: list[bytes] = []  # the start of the line being read
+    tail_size = 0
+    skipping = False  # inside a line too long to keep
+    start = True
+    while True:
+        try:
+            block = read(_BLOCK)
+        except (OSError, EOFError, zlib.error) as e:
+            if whole:
+                yield line, b"".join(whole)
+            bad(DataError(f"cannot read: {e}", source=name, line=line + sum(c.count(b"\n") for c in whole)))
+            return
+        if start and block:
+            start = False
+            while len(block) < 3 and block == _BOM[: len(block)]:  # a byte-order mark cut short
+                more = read(3 - len(block))
+                if not more:
+                    break
+                block += more
+            if block.startswith(_BOM):
+                block = block[3:]
+        if not block:
+            break
+        if skipping:
+            end = block.find(b"\n")
+            if end < 0:
+                continue
+            skipping = False
+            line += 1
+            block = block[end + 1 :]
+        end = block.find(b"\n")
+        if end < 0:
+            if block:
+                tail.append(block)
+                tail_size += len(block)
+            if tail_size > MAX_LINE:
+                if whole:
+                    yield line, b"".join(whole)
+                    line += sum(c.count(b"\n") for c in whole)
+                    whole, size = [], 0
+                tail, tail_size, skipping = [], 0, True
+                bad(DataError(_too_long(), source=name, line=line))
+            continue
+        if tail_size + end + 1 > MAX_LINE:  # the line being read ends here, too long
+            if whole:
+                yield line, b"".join(whole)
+                line += sum(c.count(b"\n") for c in whole)
+                whole, size = [], 0
+            bad(DataError(_too_long(), source=name, line=line))
+            line += 1
+        else:
+            whole.extend(tail)
+            whole.append(block[: end + 1])
+            size += tail_size + end + 1
+        last = block.rfind(b"\n")
+        if last > end:
+            whole.append(block[end + 1 : last + 1])
+            size += last - end
+        tail = [block[last + 1 :]] if last + 1 < len(block) else []
+        tail_size = len(block) - last - 1
+        if size >= CHUNK_BYTES:
+            data = b"".join(whole)
+            yield line, data
+            line += data.count(b"\n")
+            whole, size = [], 0
+    if tail and not skipping:
+        whole.extend(tail)
+    if whole:
+        yield line, b"".join(whole)
+
+
+def _too_long() -> str:
+    return f"line longer than {MAX_LINE >> 20} MiB" if MAX_LINE >= 1 << 20 else f"line longer than {MAX_LINE} bytes"
+
+
+def _read_chunk(
+    name: str, chunk: bytes, first_line: int, raw: dict[str, pl.DataType], fields: list[str], on_error: str, warn: Warn
+) -> tuple[pl.DataFrame, np.ndarray, int]:
+    """One chunk's derived rows, the line of each, and the bad lines skipped."""
     try:
-        parsed = pl.read_ndjson(io.BytesIO(data) if data is not None else src, schema=raw)
+        parsed = pl.read_ndjson(io.BytesIO(chunk), schema=raw)
         frame = _derive(parsed, fields)
         if not _has_bad_rows(parsed, frame, fields):
-            return frame, 0, data
+            lines = _row_lines(chunk, first_line, frame.height)
+            if lines is not None:
+                return frame, lines, 0
     except (pl.exceptions.PolarsError, OSError):
         pass
-    return (*_load_slowly(src, data, fields, on_error, warn), data)
+    return _load_slowly(name, chunk, first_line, fields, on_error, warn)
 
 
-def _read_all(src: str, stream: IO[bytes]) -> bytes:
-    try:
-        data = stream.read()
-    except (OSError, EOFError) as e:
-        raise DataError(f"cannot read: {e}", source=source_name(src)) from None
-    return data[3:] if data.startswith(_BOM) else data
+def _row_lines(chunk: bytes, first_line: int, rows: int) -> np.ndarray | None:
+    """The line of each row polars read from `chunk` (which skips blank lines); None if they disagree."""
+    body = chunk[:-1] if chunk.endswith(b"\n") else chunk
+    if (body.count(b"\n") + 1 if body else 0) == rows:  # a row a line: no line was blank
+        return np.arange(first_line, first_line + rows, dtype=np.int64)
+    numbers = [i for i, text in enumerate(body.split(b"\n"), first_line) if text.strip(b" \t\r")]
+    return np.array(numbers, dtype=np.int64) if len(numbers) == rows else None
 
 
 def _derive(parsed: pl.DataFrame, fields: list[str]) -> pl.DataFrame:
@@ -142,9 +329,11 @@ def _derive(parsed: pl.DataFrame, fields: list[str]) -> pl.DataFrame:
     n_turns = turns.list.len()
     n_null = turns.list.eval(action_null).list.sum()
     return parsed.select(
-        *(pl.col(f) for f in fields),
+        # Free fields stay text until every chunk is read (`Episodes.types`): a seed read as an integer too.
+        *(pl.col(f) if f in _KNOWN else pl.col(f).cast(pl.String) for f in fields),
+        pl.col("episode_id").alias("_id"),
         (~ok).fill_null(True).alias("_error"),
-        pl.col("seed").alias("_seed"),
+        pl.col("seed").cast(pl.String).alias("_seed"),
         when_ok(reward.struct.field("total")).alias("_reward"),
         when_ok(reward.struct.field("variant")).alias("_variant"),
         when_ok(pl.col("deadlock")).alias("_deadlock"),
@@ -164,15 +353,25 @@ def _derive(parsed: pl.DataFrame, fields: list[str]) -> pl.DataFrame:
 
 
 def _has_bad_rows(parsed: pl.DataFrame, frame: pl.DataFrame, fields: list[str]) -> bool:
-    """Whether any row breaks the contract, checked column-wise (the slow path says which)."""
+    """Whether any row breaks the contract, checked column-wise (the slow path says which).
+
+    A row without a `schema_version` goes the slow way too: only that way tells a missing
+    field (a hand-written record, read as the current version) from a null one (refused)."""
     if parsed.height == 0:
         return False
     ok = pl.col("status") == "complete"
     metrics = pl.col("metrics")
+
+    def beyond(expr: pl.Expr) -> pl.Expr:
+        return expr.abs() > MAX_MAGNITUDE
+
     turns_ok = pl.col("turns").list.eval(pl.element().struct.field("ok").is_null() | pl.element().is_null()).list.any()
     checks = [
         pl.col("kind").is_not_null() & (pl.col("kind") != "episode"),
+        ~pl.col("schema_version").is_in(SCHEMA_VERSIONS).fill_null(False),
         ~pl.col("status").is_in(["complete", "error"]).fill_null(False),
+        pl.col("episode_id").str.starts_with("{") | pl.col("episode_id").str.starts_with("["),
+        beyond(pl.col("usage").struct.field("cost")),
         ok
         & (
             pl.col("reward").struct.field("total").is_null()
@@ -184,10 +383,13 @@ def _has_bad_rows(parsed: pl.DataFrame, frame: pl.DataFrame, fields: list[str]) 
             | metrics.struct.field("throughput_per_round").is_null()
             | metrics.struct.field("gini_fairness").is_null()
             | metrics.struct.field("starvation").is_null()
+            | beyond(pl.col("reward").struct.field("total"))
+            | beyond(metrics.struct.field("throughput_per_round"))
+            | beyond(metrics.struct.field("gini_fairness"))
         ),
     ]
     for f in fields:
-        if f not in _KNOWN:
+        if f not in _KNOWN and parsed.schema[f] == pl.String:
             # Objects and arrays arrive as their JSON text; the slow path refuses them.
             checks.append(pl.col(f).str.starts_with("{") | pl.col(f).str.starts_with("["))
     bad = parsed.select(pl.any_horizontal(checks).fill_null(False).any()).item()
@@ -195,159 +397,21 @@ def _has_bad_rows(parsed: pl.DataFrame, frame: pl.DataFrame, fields: list[str]) 
 
 
 def _load_slowly(
-    src: str, data: bytes | None, fields: list[str], on_error: str, warn: Warn
-) -> tuple[pl.DataFrame, int]:
-    """Read one source record by record: locate the first bad line, or skip bad lines."""
-    if data is not None:
-        reader = RecordReader(["-"], on_error=on_error, stdin=io.BytesIO(data), warn=warn)
-        reader_source = source_name(src)
-    else:
-        reader = RecordReader([src], on_error=on_error, warn=warn)
-        reader_source = None
+    name: str, data: bytes, first_line: int, fields: list[str], on_error: str, warn: Warn
+) -> tuple[pl.DataFrame, np.ndarray, int]:
+    """Read one chunk record by record: locate the first bad line, or skip bad lines."""
+    reader = RecordReader(["-"], on_error=on_error, stdin=io.BytesIO(data), warn=warn, name=name, first_line=first_line)
     columns: dict[str, list[Any]] = {name: [] for name in [*fields, *_DERIVED]}
-    try:
-        for record in reader:
-            try:
-                row = _row(record, fields)
-            except DataError as e:
-                reader.reject(e)
-                continue
-            for name, value in zip(columns, row, strict=True):
-                columns[name].append(value)
-    except DataError as e:
-        if reader_source is not None and e.source == "<stdin>":
-            raise e.at(reader_source, e.line or 0) from None
-        raise
-    schema = {f: _KNOWN.get(f, pl.String()) for f in fields} | _DERIVED
-    return pl.DataFrame(columns, schema=schema, strict=False), reader.skipped
-
-
-def _row(record: dict[str, Any], fields: list[str]) -> list[Any]:
-    """The frame row of one record, or DataError saying what is wrong with it."""
-    kind = record.get("kind", "episode")
-    if kind != "episode":
-        raise DataError(f"expected a scored episode, got a record of kind {kind!r}")
-    status = record.get("status")
-    if status not in ("complete", "error"):
-        if "status" not in record:
-            raise DataError("missing field 'status'")
-        raise DataError(f"field 'status' should be 'complete' or 'error', got {status!r}")
-    values: list[Any] = [_field(record, f) for f in fields]
-    seed = record.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise DataError("field 'seed' should be an integer")
-    values.append(status == "error")
-    values.append(None if seed is None else str(seed))
-    usage = _usage(record.get("usage"))
-    if status == "error":
-        return [*values, *([None] * 12), *usage]
-    reward = record.get("reward")
-    if not isinstance(reward, dict):
-        raise DataError("episode is not scored (no 'reward' object): run dphil-score first")
-    total = reward.get("total")
-    if not _is_number(total):
-        raise DataError("field 'reward.total' should be a number")
-    variant = reward.get("variant")
-    meals, deadlock = checked_outcome(record)
-    turns = record.get("turns")
-    if not isinstance(turns, list):
-        raise DataError("field 'turns' should be a list")
-    n_null = n_failed = 0
-    for k, t in enumerate(turns):
-        if not isinstance(t, dict) or not isinstance(t.get("ok"), bool):
-            raise DataError(f"turns[{k}] should be an object with a boolean 'ok'")
-        action = t.get("action")
-        if action is None:
-            n_null += 1
-        elif not isinstance(action, str):
-            raise DataError(f"turns[{k}].action should be a string or null")
-        elif not t["ok"]:
-            n_failed += 1
-    metrics = record.get("metrics")
-    if not isinstance(metrics, dict):
-        raise DataError("episode is not scored (no 'metrics' object): run dphil-score first")
-    for name, check in (("throughput_per_round", _is_number), ("gini_fairness", _is_number), ("starvation", is_int)):
-        if not check(metrics.get(name)):
-            raise DataError(f"field 'metrics.{name}' should be a number")
-    ttd = metrics.get("time_to_deadlock")
-    if ttd is not None and not is_int(ttd):
-        raise DataError("field 'metrics.time_to_deadlock' should be an integer or null")
-    return [
-        *values,
-        float(total),
-        variant if isinstance(variant, str) else None,
-        deadlock,
-        sum(meals),
-        float(metrics["throughput_per_round"]),
-        float(metrics["gini_fairness"]),
-        metrics["starvation"],
-        ttd,
-        len(turns),
-        n_null,
-        len(turns) - n_null,
-        n_failed,
-        *usage,
-    ]
-
-
-def _field(record: dict[str, Any], name: str) -> Any:
-    value = record.get(name)
-    if isinstance(value, dict | list):
-        raise DataError(
-            f"field {name!r} is an {'object' if isinstance(value, dict) else 'array'}; "
-            "--by and --compare need a single value"
-        )
-    known = _KNOWN.get(name)
-    if known is None:
-        # Text, as polars reads free fields; numbers are restored for the whole column later.
-        if value is None or isinstance(value, str):
-            return value
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, float) and value.is_integer():
-            return str(int(value))
-        return str(value)
-    if value is None:
-        return None
-    if isinstance(known, pl.String):
-        return value if isinstance(value, str) else str(value)
-    if isinstance(known, pl.Boolean):
-        if not isinstance(value, bool):
-            raise DataError(f"field {name!r} should be true or false")
-        return value
-    if not is_int(value):
-        raise DataError(f"field {name!r} should be an integer")
-    return value
-
-
-def _usage(usage: Any) -> list[Any]:
-    if usage is None:
-        return [0, 0, 0.0]
-    if not isinstance(usage, dict):
-        raise DataError("field 'usage' should be an object")
-    out: list[Any] = []
-    for name, check in (("prompt_tokens", is_int), ("completion_tokens", is_int), ("cost", _is_number)):
-        value = usage.get(name)
-        if value is not None and not check(value):
-            raise DataError(f"field 'usage.{name}' should be a number")
-        out.append(value if value is not None else 0)
-    out[2] = float(out[2])
-    return out
-
-
-def _is_number(v: Any) -> TypeGuard[float]:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _type_free_fields(frame: pl.DataFrame, fields: list[str]) -> pl.DataFrame:
-    """Give free-form grouping fields a number type when every value is one."""
-    for f in fields:
-        if f in _KNOWN or frame.schema[f] != pl.String:
+    lines: list[int] = []
+    for record in reader:
+        try:
+            row = derived_row(record, fields)
+        except DataError as e:
+            reader.reject(e)
             continue
-        col = frame[f]
-        for dtype in (pl.Int64, pl.Float64):
-            cast = col.cast(dtype, strict=False)
-            if cast.null_count() == col.null_count():
-                frame = frame.with_columns(cast.alias(f))
-                break
-    return frame
+        for column, value in zip(columns, row, strict=True):
+            columns[column].append(value)
+        lines.append(reader.line)
+    schema = {f: _KNOWN.get(f, pl.String()) for f in fields} | _DERIVED
+    frame = pl.DataFrame(columns, schema=schema, strict=False)
+    return frame, np.array(lines, dtype=np.int64), reader.skipped

@@ -30,6 +30,7 @@ class StatsRequest:
     width: int = 100  # otherwise it wraps into column blocks of this width
     output: str | None = None
     on_error: str = "fail"  # fail (exit 65 at the first bad line) or skip
+    dedupe: str = "fail"  # a repeated episode_id: fail (exit 65 naming both lines) or keep the first
 
 
 def run_stats(req: StatsRequest, console: Console) -> int:
@@ -44,25 +45,37 @@ def run_stats(req: StatsRequest, console: Console) -> int:
         raise UsageError("--timelines goes with --format html")
     if req.timelines is not None and req.no_cells:
         raise UsageError("--timelines shows episodes per cell: not with --no-cells")
+    if req.dedupe not in ("fail", "first"):
+        raise UsageError(f"--dedupe is fail or first, not {req.dedupe!r}")
     check_sources(req.inputs)
     # Only now the heavy part (scipy): a usage error or a missing file is reported in a blink.
     from dphil.results import cells, comparisons, frame
 
-    wanted = [comparisons.Compare(f, a, b) for f, a, b in req.compares]
+    wanted = [fields.Compare(f, a, b) for f, a, b in req.compares]
     sample = None
     if req.fmt == "html" and not req.no_cells:  # the timelines are per cell: none without cells
         from dphil.results.html_report import DEFAULT_TIMELINES, EpisodeSample
 
         sample = EpisodeSample(by, DEFAULT_TIMELINES if req.timelines is None else req.timelines)
     episodes = frame.load(
-        req.inputs, [*by, *(c.field for c in wanted)], on_error=req.on_error, warn=console.warn, keep=sample
+        req.inputs,
+        by,
+        compares=wanted,
+        on_error=req.on_error,
+        dedupe=req.dedupe,
+        warn=console.warn,
+        keep=sample,
     )
     if episodes.skipped:
         console.error(f"skipped {episodes.skipped} bad record(s)")
-    if episodes.frame.height == 0:
+    if episodes.dropped:
+        console.error(
+            f"dropped {episodes.dropped} repeated episode(s): --dedupe first kept the first of each episode_id"
+        )
+    if episodes.count == 0:
         console.warn("no episodes in the input: nothing to summarise")
         return 0
-    fields.check_present(episodes.frame, [*by, *(c.field for c in wanted)])
+    fields.check_present(episodes.present, episodes.count, [*by, *(c.field for c in wanted)])
     cell_list = cells.cell_records(episodes, by, degenerate_warn=req.degenerate_warn, warn=console.warn)
     comps = comparisons.comparison_records(
         episodes,

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from dphil.core.episode import Outcome, replay
-from dphil.core.records import check_episode
+from dphil.core.records import check_episode, check_number
 from dphil.io.errors import DataError
 from dphil.scoring.reward import RewardSpec, action_counts, score
 
@@ -103,7 +103,7 @@ def outcome_of(record: dict[str, Any], *, trust_outcome: bool = False) -> Outcom
 
 def _score(spec: RewardSpec, record: dict[str, Any], outcome: Outcome) -> tuple[dict, dict]:
     meals, deadlock, deadlock_round, rounds_played, counts = outcome
-    return score(
+    reward, metrics = score(
         spec,
         protocol=record["protocol"],
         n=record["n"],
@@ -114,6 +114,11 @@ def _score(spec: RewardSpec, record: dict[str, Any], outcome: Outcome) -> tuple[
         rounds_played=rounds_played,
         counts=counts,
     )
+    try:  # what dphil-score writes, every reader must accept (the bound is in dphil.core.records)
+        check_number(reward["total"], "reward.total")
+    except DataError as e:
+        raise DataError(f"{e.reason}: the reward weights give a total no reader accepts") from None
+    return reward, metrics
 
 
 def _agree(record: dict[str, Any], name: str, replayed: Any) -> None:

@@ -375,16 +375,15 @@ def test_empty_input(tmp_path):
     path = tmp_path / "empty.jsonl"
     path.write_bytes(b"\n\n")
     ep = frame.load([str(path)], ["model", "n"])
-    assert ep.frame.height == 0
+    assert ep.count == 0
     assert cells.cell_records(ep, ["model", "n"]) == []
 
 
 def test_comparison_pairs_by_seed_and_matches_scipy(tmp_path):
     recs = scored("random", 5, range(20)) + scored("hierarchy", 5, range(20))
-    ep = frame.load([write(tmp_path / "ep.jsonl", recs)], ["model", "n"])
-    [comp] = comparisons.comparison_records(
-        ep, ["model", "n"], [comparisons.Compare("model", "scripted:random", "scripted:hierarchy")], power=True
-    )
+    wanted = [comparisons.Compare("model", "scripted:random", "scripted:hierarchy")]
+    ep = frame.load([write(tmp_path / "ep.jsonl", recs)], ["model", "n"], compares=wanted)
+    [comp] = comparisons.comparison_records(ep, ["model", "n"], wanted, power=True)
     ra = np.array([r["reward"]["total"] for r in recs[:20]])
     rb = np.array([r["reward"]["total"] for r in recs[20:]])
     ref = st.ttest_ind(rb, ra, equal_var=False)
@@ -404,10 +403,9 @@ def test_comparisons_unpaired_when_seeds_differ_and_holm_across_groups(tmp_path)
     recs = []
     for n in (5, 10):
         recs += scored("random", n, range(10)) + scored("greedy", n, range(100, 110))
-    ep = frame.load([write(tmp_path / "ep.jsonl", recs)], ["model", "n"])
-    comps = comparisons.comparison_records(
-        ep, ["model", "n"], [comparisons.Compare("model", "scripted:random", "scripted:greedy")]
-    )
+    wanted = [comparisons.Compare("model", "scripted:random", "scripted:greedy")]
+    ep = frame.load([write(tmp_path / "ep.jsonl", recs)], ["model", "n"], compares=wanted)
+    comps = comparisons.comparison_records(ep, ["model", "n"], wanted)
     assert [c["n"] for c in comps] == [5, 10]
     assert all(c["paired"] is False and c["paired_tests"] is None for c in comps)
     holm = stats.adjust([c["p_value"] for c in comps], "holm")
@@ -418,30 +416,26 @@ def test_comparisons_unpaired_when_seeds_differ_and_holm_across_groups(tmp_path)
 def test_comparison_skips_a_group_missing_an_arm_and_rejects_unknown_values(tmp_path):
     recs = scored("random", 5, range(5)) + scored("random", 10, range(5))
     recs += scored("hierarchy", 5, range(5))
-    ep = frame.load([write(tmp_path / "ep.jsonl", recs)], ["model", "n"])
+    wanted = comparisons.Compare("model", "scripted:random", "scripted:hierarchy")
+    unknown = comparisons.Compare("model", "scripted:random", "gpt-x")
+    ep = frame.load([write(tmp_path / "ep.jsonl", recs)], ["model", "n"], compares=[wanted, unknown])
     warnings: list[str] = []
-    comps = comparisons.comparison_records(
-        ep,
-        ["model", "n"],
-        [comparisons.Compare("model", "scripted:random", "scripted:hierarchy")],
-        warn=warnings.append,
-    )
+    comps = comparisons.comparison_records(ep, ["model", "n"], [wanted], warn=warnings.append)
     assert [c["n"] for c in comps] == [5]
     assert any("n=10" in w and "skipped" in w for w in warnings)
     with pytest.raises(UsageError, match="no episodes with model = 'gpt-x'"):
-        comparisons.comparison_records(ep, ["model", "n"], [comparisons.Compare("model", "scripted:random", "gpt-x")])
+        comparisons.comparison_records(ep, ["model", "n"], [unknown])
 
 
 def test_free_fields_get_number_types_and_can_be_compared(tmp_path):
     recs = scored("random", 5, range(6), checkpoint_step=0)
     recs += scored("random", 5, range(6, 12), checkpoint_step=200)
-    ep = frame.load([write(tmp_path / "ep.jsonl", recs)], ["checkpoint_step"])
-    assert ep.frame.schema["checkpoint_step"] == pl.Int64
+    wanted = [comparisons.Compare("checkpoint_step", "0", "200")]
+    ep = frame.load([write(tmp_path / "ep.jsonl", recs)], ["checkpoint_step"], compares=wanted)
+    assert ep.types["checkpoint_step"] == pl.Int64
     out = cells.cell_records(ep, ["checkpoint_step"])
     assert [c["checkpoint_step"] for c in out] == [0, 200]
-    [comp] = comparisons.comparison_records(
-        ep, ["checkpoint_step"], [comparisons.Compare("checkpoint_step", "0", "200")]
-    )
+    [comp] = comparisons.comparison_records(ep, ["checkpoint_step"], wanted)
     assert comp["a"]["value"] == 0 and comp["b"]["value"] == 200 and comp["paired"] is False
 
 
@@ -538,11 +532,15 @@ def test_slow_path_frame_equals_fast_path_frame(tmp_path, grid):
     recs[0]["usage"] = {"prompt_tokens": 7, "completion_tokens": 3, "cost": 0.5}
     path = write(tmp_path / "ep.jsonl", recs)
     fields = ["model", "n", "seed"]
-    fast = frame.load([path], fields).frame
-    slow, skipped = frame._load_slowly(path, None, fields, "fail", lambda _: None)
-    slow = frame._type_free_fields(slow, fields)
+    data = Path(path).read_bytes()
+    raw = dict(frame._RAW) | {"model": pl.String(), "n": pl.Int64()}
+    parsed = pl.read_ndjson(data, schema=raw)
+    fast = frame._derive(parsed, fields)
+    assert not frame._has_bad_rows(parsed, fast, fields)  # polars read it all
+    slow, lines, skipped = frame._load_slowly(path, data, 1, fields, "fail", lambda _: None)
     assert skipped == 0
     assert fast.equals(slow)
+    assert lines.tolist() == frame._row_lines(data, 1, fast.height).tolist() == list(range(1, len(recs) + 1))
 
 
 def test_grouping_by_output_names_is_refused():

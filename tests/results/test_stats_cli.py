@@ -144,11 +144,17 @@ def test_markdown_table_and_csv(episodes):
     assert md.returncode == 0, md.stderr
     text = md.stdout.decode()
     assert text.startswith("| model | n | episodes |")
-    assert "reward (95% CI)" in text and "Hedges' g (95% CI)" in text
+    # The tables name the reward they summarise (these episodes are scored with the paper reward).
+    assert "| reward paper (95% CI) |" in text and "Δ reward paper (95% CI)" in text and "Hedges' g (95% CI)" in text
     assert "| scripted:hierarchy | 5 | 12 | 0 |" in text
     table = run([str(episodes), "--format", "table", "-q"]).stdout.decode()
     assert table.splitlines()[0].split()[:3] == ["model", "n", "episodes"]
-    assert len(table.splitlines()) == 2 + 6
+    # Wider than 100 columns, the table wraps into blocks, each repeating the cell's fields.
+    blocks = table.split("\n\n")
+    assert len(blocks) >= 2 and all(len(line) <= 100 for line in table.splitlines())
+    assert all(b.splitlines()[0].split()[:2] == ["model", "n"] and len(b.splitlines()) == 2 + 6 for b in blocks)
+    wide = run([str(episodes), "--format", "table", "--wide", "-q"]).stdout.decode()
+    assert len(wide.splitlines()) == 2 + 6 and "failed actions" in wide.splitlines()[0]
     out = run(
         [
             str(episodes),

@@ -221,7 +221,7 @@ def test_the_sample_keeps_k_per_cell_of_a_large_input(tmp_path):
     for k in (1, 4):
         sample = EpisodeSample(["model", "n"], k)
         loaded = frame.load([str(ep)], ["model", "n"], keep=sample)
-        assert loaded.frame.height == 1000
+        assert loaded.count == 1000
         assert sorted(sample.kept) == [("scripted:hierarchy", "3"), ("scripted:naive", "3")]
         assert [len(v) for v in sample.kept.values()] == [k, k]
         assert [e["seed"] for e in sample.kept[("scripted:naive", "3")]] == list(range(k))
@@ -232,7 +232,7 @@ def test_the_sample_keeps_k_per_cell_of_a_large_input(tmp_path):
     bad.write_bytes(b"".join([lines[0], b"{not json\n", *lines[1:]]))
     sample = EpisodeSample(["model", "n"], 3)
     loaded = frame.load([str(bad)], ["model", "n"], keep=sample, on_error="skip")
-    assert loaded.skipped == 1 and loaded.frame.height == 1000
+    assert loaded.skipped == 1 and loaded.count == 1000
     for key, got in sample.kept.items():
         assert [e["seed"] for e in got] == [0, 1, 2], key
 
