@@ -193,6 +193,15 @@ def convert(gguf: str | os.PathLike, dest: str | os.PathLike | None = None, *, v
 
 
 def _convert_into(gguf: Path, out: Path) -> None:
+    convert_file(gguf, out, name=GGUF_NAME, sha256=GGUF_SHA256, add_template=True)
+
+
+def convert_file(gguf: Path, out: Path, *, name: str, sha256: str, add_template: bool) -> None:
+    """Write the transformers model read from `gguf` into the directory `out`, the marker last.
+
+    `add_template`: give the tokenizer dphil's chat template for its model type (a base
+    model's GGUF has none); otherwise the GGUF's own `tokenizer.chat_template` is kept.
+    """
     try:
         import gguf as _gguf  # noqa: F401  (transformers needs it to read GGUF files)
         import torch  # noqa: F401
@@ -208,14 +217,15 @@ def _convert_into(gguf: Path, out: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    ensure_chat_template(tokenizer, model.config.model_type)
+    if add_template:
+        ensure_chat_template(tokenizer, model.config.model_type)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     for p in out.iterdir():  # save_pretrained leaves some files 0600; the cache is for every user
         p.chmod(0o644)
     info = {
-        "gguf": GGUF_NAME,
-        "gguf_sha256": GGUF_SHA256,
+        "gguf": name,
+        "gguf_sha256": sha256,
         "transformers": transformers.__version__,
         "dtype": str(model.dtype).removeprefix("torch."),
         "model_type": model.config.model_type,
