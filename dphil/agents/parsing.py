@@ -1,8 +1,12 @@
 """From a model's reply to one protocol action, or to None with the reply kept.
 
-Order of trust: a function call (the first one counts; any further calls are
-kept as ignored), then text: the last `ACTION: name` line, then a JSON object
-naming the action, then a reply that is nothing but an action name. Reasoning
+Order of trust: a function call, then text: a `<tool_call>…</tool_call>` block
+written as text, then an `ACTION: name` line, then a JSON object naming the
+action (`{"name": ACTION, "arguments": {…}}` or `{"action": …}`; one left
+unclosed at the end of the reply is read when unambiguous), then a reply that
+is nothing but an action name. One rule on every path: when a reply holds
+several calls, lines or objects, the FIRST that names an action counts and the
+rest are kept as ignored (`{"name", "arguments"}` each). Reasoning
 blocks (`<think>…</think>` and the like) are cut out before the text is read,
 so a model thinking aloud about actions it rejects is not taken at its word.
 An unparseable reply is `action: None`, never a guessed default. Free of
@@ -38,8 +42,11 @@ class Parsed:
     `tool_call` is the call that counted (`{"name", "arguments"}`, the
     arguments decoded from JSON when they are valid JSON, else kept as the
     raw string); `ignored` the further calls; `raw` the reply text as
-    received (reasoning included); `via` how the action was found: `tool`,
-    `action-line`, `json`, `bare` or None.
+    received (reasoning included); `via` how the action was found: `tool`
+    (a parsed function call), `tool-call-text` (a `<tool_call>` block in the
+    text), `action-line`, `json-call` (`{"name": ACTION, "arguments": …}` in
+    the text), `json` (another object naming the action), `json-unclosed`
+    (an object cut off before its closing brace(s)), `bare` or None.
     """
 
     action: str | None
@@ -106,8 +113,8 @@ def parse_reply(text: str | None, tool_calls: list[Any] | None, protocol: str) -
     if not text:
         return Parsed(None, None, [], text, None)
     body = strip_reasoning(text)
-    action, via = _from_text(body, protocol)
-    return Parsed(action, None, [], text, via)
+    action, call, ignored, via = _from_text(body, protocol)
+    return Parsed(action, call, ignored, text, via)
 
 
 def _action_of_call(call: dict[str, Any], protocol: str) -> str | None:
@@ -122,21 +129,68 @@ def _action_of_call(call: dict[str, Any], protocol: str) -> str | None:
     return action
 
 
-def _from_text(body: str, protocol: str) -> tuple[str | None, str | None]:
-    for m in reversed(list(_ACTION_LINE.finditer(body))):
+_TextRead = tuple[str | None, dict[str, Any] | None, list[dict[str, Any]], str | None]
+_TOOL_CALL_TEXT = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", _FLAGS)
+
+
+def _from_text(body: str, protocol: str) -> _TextRead:
+    blocks = [b for b in (_call_in_text(m.group(1)) for m in _TOOL_CALL_TEXT.finditer(body)) if b]
+    if blocks:
+        # Like a parsed call: the first block counts, even if its name is no action.
+        return _action_of_call(blocks[0], protocol), blocks[0], blocks[1:], "tool-call-text"
+    lines = []
+    for m in _ACTION_LINE.finditer(body):
         end = body.find("\n", m.end())
         action = _leading_action(body[m.end() : end if end != -1 else len(body)], protocol)
         if action:
-            return action, "action-line"
-    for obj in reversed(_json_objects(body)):
-        for k in _JSON_KEYS:
-            action = normalise_action(obj.get(k), protocol)
-            if action:
-                return action, "json"
+            lines.append(action)
+    if lines:
+        return lines[0], None, [{"name": a, "arguments": {}} for a in lines[1:]], "action-line"
+    named = []
+    for obj, closed in _json_objects(body, with_unclosed=True):
+        read = _action_of_object(obj, protocol)
+        if read is None or (not closed and read[1] != "json-call"):
+            continue  # an unclosed object counts only as an unambiguous call
+        action, via = read
+        named.append((action, obj, via if closed else "json-unclosed"))
+    if named:
+        action, obj, via = named[0]
+        call = _as_call(obj) if via != "json" else None
+        return action, call, [{"name": a, "arguments": _as_call(o)["arguments"]} for a, o, _ in named[1:]], via
     action = normalise_action(body, protocol)
     if action:
-        return action, "bare"
-    return None, None
+        return action, None, [], "bare"
+    return None, None, [], None
+
+
+def _as_call(obj: dict[str, Any]) -> dict[str, Any]:
+    args = obj.get("arguments", obj.get("parameters", {}))
+    return {"name": obj.get("name"), "arguments": args if args is not None else {}}
+
+
+def _action_of_object(obj: dict[str, Any], protocol: str) -> tuple[str, str] | None:
+    """The action a JSON object names, and `json-call` when it has the tool-call shape."""
+    if "name" in obj and ("arguments" in obj or "parameters" in obj):
+        action = normalise_action(obj["name"], protocol)
+        if action:
+            return action, "json-call"
+    for k in _JSON_KEYS:
+        action = normalise_action(obj.get(k), protocol)
+        if action:
+            return action, "json"
+    return None
+
+
+def _call_in_text(inner: str) -> dict[str, Any] | None:
+    """The `{"name", "arguments"}` call a `<tool_call>` block holds (closed or cut off), else None."""
+    for obj, _ in _json_objects(inner, with_unclosed=True):
+        if "name" in obj:
+            call = _as_call(obj)
+            if isinstance(call["arguments"], str):
+                with contextlib.suppress(ValueError):
+                    call["arguments"] = json.loads(call["arguments"]) if call["arguments"].strip() else {}
+            return call
+    return None
 
 
 def _leading_action(rest: str, protocol: str) -> str | None:
@@ -149,18 +203,53 @@ def _leading_action(rest: str, protocol: str) -> str | None:
     return None
 
 
-def _json_objects(text: str) -> list[dict[str, Any]]:
-    """Every JSON object embedded in `text` (fenced or not), outermost first."""
-    found: list[dict[str, Any]] = []
+def _json_objects(text: str, *, with_unclosed: bool = False) -> list[tuple[dict[str, Any], bool]]:
+    """Every JSON object embedded in `text` (fenced or not), outermost first, each with
+    whether it was closed; with `with_unclosed`, also the one object the text ends
+    inside, when adding its missing closing brace(s) makes it valid JSON."""
+    found: list[tuple[dict[str, Any], bool]] = []
     decoder = json.JSONDecoder()
     pos = text.find("{")
     while pos != -1:
         try:
             obj, end = decoder.raw_decode(text, pos)
         except ValueError:
+            if with_unclosed:
+                closed = _close(text[pos:])
+                if closed is not None:
+                    found.append((closed, False))
+                    break
             pos = text.find("{", pos + 1)
             continue
         if isinstance(obj, dict):
-            found.append(obj)
+            found.append((obj, True))
         pos = text.find("{", end)
     return found
+
+
+def _close(tail: str) -> dict[str, Any] | None:
+    """`tail` (starting at `{`) as an object if it lacks only closing braces at its end."""
+    depth, in_string, escaped = 0, False, False
+    for ch in tail:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return None  # the object closed (and was not valid JSON): not a cut-off
+    if in_string or depth <= 0 or "[" in tail:
+        return None
+    try:
+        obj = json.loads(tail.rstrip() + "}" * depth)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None

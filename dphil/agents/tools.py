@@ -2,7 +2,8 @@
 
 One tool per action, named exactly as the action, so a tool call's name *is*
 the action and nothing has to be mapped back. The tools take no arguments:
-the whole decision is which tool to call. Kept free of litellm so that the
+the whole decision is which tool to call, and the schemas say so
+(`additionalProperties: false`). Kept free of litellm so that the
 local-model trainer can reuse it.
 """
 
@@ -46,7 +47,9 @@ def tool_specs(protocol: str) -> list[dict[str, Any]]:
             "function": {
                 "name": action,
                 "description": action_description(protocol, action),
-                "parameters": {"type": "object", "properties": {}, "required": []},
+                # No arguments, and none may be invented: a grammar-constrained call
+                # (tool_choice=required) is then a dozen tokens, not arguments to the cap.
+                "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
             },
         }
         for action in protocol_actions(protocol)

@@ -132,8 +132,13 @@ def play_episodes(
     def record_turn(e: int, i: int, obs: str, d: Decision) -> dict[str, Any]:
         seats[e][i].exchanges.append((obs, d.text))
         decisions[e].append(d)
+        # The same reading `parse` gave the action, kept as the API runner keeps it;
+        # under constrained decoding the action was chosen, not read.
+        parsed = parse_reply(d.text, None, configs[e].protocol)
         extra = {
             "raw": d.text,
+            "parsed_via": "constrained" if decode == "constrained" else parsed.via,
+            "ignored_tool_calls": [] if decode == "constrained" else parsed.ignored,
             "prompt_tokens": len(d.prompt_ids),
             "completion_tokens": len(d.completion_ids),
         }

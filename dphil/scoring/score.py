@@ -13,6 +13,7 @@ import orjson
 from dphil.core.episode import Outcome, replay
 from dphil.core.records import check_episode, check_number
 from dphil.io.errors import DataError
+from dphil.scoring.consistency import has_talk, message_consistency
 from dphil.scoring.reward import RewardSpec, action_counts, score
 
 
@@ -57,14 +58,16 @@ class Scorer:
             tail = b',"reward":null,"metrics":null}\n'
         else:
             outcome = outcome_of(record, trust_outcome=self.trust_outcome)
+            # Talk makes the metrics depend on more than the outcome: such records are not cached.
             key = (record["protocol"], record["n"], record["rounds"], outcome)
-            tail = self._tails.get(key)  # type: ignore[assignment]
+            tail = None if has_talk(record) else self._tails.get(key)  # type: ignore[assignment]
             if tail is None:
                 reward, metrics = _score(self.spec, record, outcome)
                 tail = b',"reward":' + orjson.dumps(reward) + b',"metrics":' + orjson.dumps(metrics) + b"}\n"
                 if len(self._tails) >= self._MAX_CACHED:
                     self._tails.clear()
-                self._tails[key] = tail
+                if not has_talk(record):
+                    self._tails[key] = tail
         # A parsed object line ends in `}` and JSON whitespace; the reward goes before the brace.
         return raw.rstrip()[:-1] + tail
 
@@ -118,6 +121,8 @@ def _score(spec: RewardSpec, record: dict[str, Any], outcome: Outcome) -> tuple[
         check_number(reward["total"], "reward.total")
     except DataError as e:
         raise DataError(f"{e.reason}: the reward weights give a total no reader accepts") from None
+    if has_talk(record):
+        metrics = {**metrics, "message_consistency": message_consistency(record["turns"], record["protocol"])}
     return reward, metrics
 
 

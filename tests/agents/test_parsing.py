@@ -49,7 +49,9 @@ def test_generic_tool_with_action_argument():
         ("ACTION: pick-up-left", "paper", "pick-up-left", "action-line"),
         ("I think so.\nAction: Pick Up Right.", "paper", "pick-up-right", "action-line"),
         ("**ACTION:** `think` for now", "paper", "think", "action-line"),
-        ("action = release\nACTION: wait", "dpbench", "wait", "action-line"),
+        # The FIRST line naming an action counts (it was the last before the rule was
+        # made one for every path: tool calls always played the first).
+        ("action = release\nACTION: wait", "dpbench", "release", "action-line"),
         ('```json\n{"action": "grab-left"}\n```', "dpbench", "grab-left", "json"),
         ('Sure: {"name": "eat", "why": "both forks"}', "paper", "eat", "json"),
         ("eat", "paper", "eat", "bare"),
@@ -102,3 +104,68 @@ def test_every_action_round_trips_in_every_format(protocol, data):
 def test_parse_never_raises_and_returns_a_protocol_action_or_none(text):
     p = parse_reply(text, None, "paper")
     assert p.action is None or p.action in protocol_actions("paper")
+
+
+def test_first_action_line_counts_and_the_rest_are_ignored():
+    p = parse_reply("ACTION: nothing\nACTION: eat\nAction: think\nACTION: eat", None, "paper")
+    assert (p.action, p.via) == ("eat", "action-line")
+    assert p.ignored == [{"name": "think", "arguments": {}}, {"name": "eat", "arguments": {}}]
+
+
+def test_first_json_object_counts_like_the_first_tool_call():
+    text = '{"name": "pick-up-left", "arguments": {}}\n{"name": "eat", "arguments": {"x": 1}}'
+    p = parse_reply(text, None, "paper")
+    assert (p.action, p.via) == ("pick-up-left", "json-call")
+    assert p.tool_call == {"name": "pick-up-left", "arguments": {}}
+    assert p.ignored == [{"name": "eat", "arguments": {"x": 1}}]
+    # Objects naming no action are passed over, not counted.
+    p = parse_reply('{"note": 1} then {"action": "think"} {"action": "eat"}', None, "paper")
+    assert (p.action, p.via, p.tool_call) == ("think", "json", None)
+    assert [c["name"] for c in p.ignored] == ["eat"]
+
+
+def test_tool_call_written_as_text():
+    text = '<tool_call>\n{"name": "grab-left", "arguments": {}}\n</tool_call><tool_call>{"name": "wait"}</tool_call>'
+    p = parse_reply(text, None, "dpbench")
+    assert (p.action, p.via) == ("grab-left", "tool-call-text")
+    assert p.tool_call == {"name": "grab-left", "arguments": {}}
+    assert p.ignored == [{"name": "wait", "arguments": {}}]
+    # A block cut off by the token cap, and one naming no action (no guessing from the text).
+    assert parse_reply('<tool_call>{"name": "release", "arguments": {', None, "dpbench").action == "release"
+    p = parse_reply('<tool_call>{"name": "dance"}</tool_call> ACTION: wait', None, "dpbench")
+    assert (p.action, p.via) == (None, "tool-call-text")
+
+
+@pytest.mark.parametrize(
+    ("text", "action"),
+    [
+        ('{"name": "pick-up-left", "arguments": {}', "pick-up-left"),
+        ('I pick: {"name": "eat", "arguments": {"why": "both } forks"', "eat"),
+        ('{"name": "eat", "arguments": {', "eat"),
+        # Not unambiguous: no call shape, no action name, or closed but invalid.
+        ('{"action": "eat"', None),
+        ('{"name": "fly", "arguments": {}', None),
+        ('{"name": "eat", "arguments": {}}}', "eat"),
+        ('{"name": "eat" "arguments": {}}', None),
+    ],
+)
+def test_json_missing_its_closing_braces(text, action):
+    p = parse_reply(text, None, "paper")
+    assert p.action == action
+    if action is not None and text.count("{") > text.count("}"):
+        assert p.via == "json-unclosed"
+
+
+@given(st.sampled_from(["paper", "dpbench"]), st.data())
+def test_the_first_of_several_counts_on_every_text_path(protocol, data):
+    actions = data.draw(st.lists(st.sampled_from(protocol_actions(protocol)), min_size=1, max_size=4))
+    forms = {
+        "action-line": "\n".join(f"ACTION: {a}" for a in actions),
+        "json-call": " ".join(f'{{"name": "{a}", "arguments": {{}}}}' for a in actions),
+        "json": " ".join(f'{{"action": "{a}"}}' for a in actions),
+        "tool-call-text": "".join(f'<tool_call>{{"name": "{a}", "arguments": {{}}}}</tool_call>' for a in actions),
+    }
+    for via, text in forms.items():
+        p = parse_reply(text, None, protocol)
+        assert (p.action, p.via) == (actions[0], via)
+        assert [c["name"] for c in p.ignored] == actions[1:]
