@@ -28,7 +28,7 @@ from typing import Any
 from dphil.agents.capped import DEFAULT_MAX_REPLY_BYTES, guarded
 from dphil.agents.reasons import describe
 from dphil.agents.redaction import known_secrets, redact
-from dphil.agents.registry import ModelSpec, public_url
+from dphil.agents.registry import ALLOWED_PARAMS, ModelSpec, check_params, public_url
 from dphil.io.errors import EX_UNAVAILABLE, DphilError, MissingExtraError
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -224,6 +224,8 @@ class Gateway:
         litellm = litellm_module()
         limits = self.limits
         key = spec.api_key()
+        if not spec.params.keys() <= ALLOWED_PARAMS.keys():  # a spec made in code, not read from a registry
+            check_params(spec.params, f"model {spec.name!r}")
         kwargs: dict[str, Any] = {
             **spec.params,
             "model": spec.model,

@@ -2,18 +2,24 @@
 stands for.
 
 Registries are TOML data, parsed with tomllib and checked field by field, never
-executed. The package ships the study's aliases (`models.toml`); users merge
-their own over them with `--models FILE` or `DPHIL_MODELS` (several files
-separated by the path separator). A name that is not an alias but contains a
-`/` is taken as a raw litellm model id (`openai/gpt-5.4`, `ollama/qwen3:8b`),
-reaching its server through litellm's own environment variables.
+executed. They hold data, not behaviour: `params` may set only the sampling and
+length parameters of `ALLOWED_PARAMS` (each type- and range-checked), so a registry
+cannot make litellm fake replies (`mock_response`), price calls its own way
+(`input_cost_per_token`) or send requests elsewhere; every server URL, whether from
+`api_base` or the variable `api_base_env` names, must be http(s). The package
+ships the study's aliases (`models.toml`); users merge their own over them with
+`--models FILE` or `DPHIL_MODELS` (several files separated by the path separator).
+A name that is not an alias but contains a `/` is taken as a raw litellm model id
+(`openai/gpt-5.4`, `ollama/qwen3:8b`), reaching its server through litellm's own
+environment variables.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -38,23 +44,124 @@ _FIELDS: dict[str, tuple[type, ...]] = {
 # `tool_choice` for the action calls (talk calls always send "none"): "required" makes a
 # server that constrains its output to the tools (llama.cpp) always return a tool call.
 _TOOL_CHOICES = ("auto", "required")
-# Parameters that would let a registry change where keys or requests go behind the
-# user's back, or that dphil sets itself; they are refused in `params`.
-_RESERVED_PARAMS = {
-    "api_key",
-    "api_base",
-    "base_url",
-    "messages",
-    "tools",
-    "tool_choice",
-    "model",
-    "timeout",
-    "num_retries",
-    "max_retries",
-    "stream",
-    "extra_headers",
-    "headers",
+# Upper bound on max_tokens / max_completion_tokens (and thinking budgets): far above any
+# model's context, far below what overflows a server's integer parsing.
+MAX_TOKENS_LIMIT = 1_000_000
+_REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+_VERBOSITIES = ("low", "medium", "high")
+_MAX_STOPS = 16
+_MAX_STOP_CHARS = 1_000
+_MAX_LOGIT_BIAS = 1_000
+
+
+def _number(low: float, high: float) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not low <= v <= high:
+            return f"must be a number from {low:g} to {high:g}"
+        return None
+
+    return check
+
+
+def _integer(low: int, high: int) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            return f"must be a whole number from {low:,} to {high:,}"
+        return None
+
+    return check
+
+
+def _choice(*choices: str) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(choices)}"
+
+    return check
+
+
+def _stop(v: Any) -> str | None:
+    stops = [v] if isinstance(v, str) else v
+    if (
+        not isinstance(stops, list)
+        or not 1 <= len(stops) <= _MAX_STOPS
+        or not all(isinstance(x, str) and 0 < len(x) <= _MAX_STOP_CHARS for x in stops)
+    ):
+        return f"must be a string or a list of 1 to {_MAX_STOPS} strings of 1 to {_MAX_STOP_CHARS:,} characters"
+    return None
+
+
+def _logit_bias(v: Any) -> str | None:
+    bias = _number(-100, 100)
+    if (
+        not isinstance(v, dict)
+        or len(v) > _MAX_LOGIT_BIAS
+        or not all(k.isdigit() and bias(x) is None for k, x in v.items())
+    ):
+        return f"must be a table of at most {_MAX_LOGIT_BIAS:,} token ids (as keys) to numbers from -100 to 100"
+    return None
+
+
+def _thinking(v: Any) -> str | None:
+    if v == {"type": "disabled"}:
+        return None
+    budget = _integer(1, MAX_TOKENS_LIMIT)
+    if (
+        isinstance(v, dict)
+        and v.keys() == {"type", "budget_tokens"}
+        and v["type"] == "enabled"
+        and budget(v["budget_tokens"]) is None
+    ):
+        return None
+    return f'must be {{ type = "enabled", budget_tokens = 1..{MAX_TOKENS_LIMIT:,} }} or {{ type = "disabled" }}'
+
+
+# The `params` a registry entry may pass to litellm on every call, each with its check: sampling
+# and reply length only (the list and the providers that read each are in docs/models.md). Anything
+# else is behaviour, not data (litellm's `mock_response` answers without any server, the
+# `*_cost_per_token` fields change the accounting `--cost-limit` relies on, `api_base`,
+# `custom_llm_provider` or headers move requests, `n` buys replies nobody reads) and is refused
+# with the file, alias and key (exit 78).
+ALLOWED_PARAMS: dict[str, Callable[[Any], str | None]] = {
+    "temperature": _number(0, 100),
+    "top_p": _number(0, 1),
+    "top_k": _integer(-1, 1_000_000),
+    "min_p": _number(0, 1),
+    "seed": _integer(-(2**63), 2**63 - 1),
+    "presence_penalty": _number(-2, 2),
+    "frequency_penalty": _number(-2, 2),
+    "repetition_penalty": _number(0, 10),
+    "stop": _stop,
+    "max_tokens": _integer(1, MAX_TOKENS_LIMIT),
+    "max_completion_tokens": _integer(1, MAX_TOKENS_LIMIT),
+    "logit_bias": _logit_bias,
+    "reasoning_effort": _choice(*_REASONING_EFFORTS),
+    "verbosity": _choice(*_VERBOSITIES),
+    "thinking": _thinking,
 }
+# Why some keys people reach for are refused (the rest get the list of what is allowed).
+_REFUSED_WHY = {
+    "mock_response": "it makes litellm answer without calling any server",
+    "api_key": "keys come from the variable api_key_env names",
+    "api_base": "servers are the entry's api_base field",
+    "base_url": "servers are the entry's api_base field",
+    "custom_llm_provider": "the provider is the model id's prefix",
+    "n": "dphil reads one reply per call",
+}
+
+
+def check_params(params: Mapping[str, Any], where: str) -> None:
+    """Every key of `params` allowed and its value in range; ConfigError (exit 78) naming `where`."""
+    for key, value in params.items():
+        check = ALLOWED_PARAMS.get(key)
+        if check is None:
+            if "cost" in key or key in ("input_cost_per_second", "output_cost_per_second"):
+                why = "cost fields would change the accounting --cost-limit relies on"
+            else:
+                why = _REFUSED_WHY.get(key) or f"allowed: {', '.join(ALLOWED_PARAMS)}"
+            raise ConfigError(f"{where}: params.{key} is refused ({why})")
+        problem = check(value)
+        if problem is not None:
+            raise ConfigError(f"{where}: params.{key} {problem}")
 
 
 @dataclass(frozen=True)
@@ -78,11 +185,21 @@ class ModelSpec:
     @property
     def bases(self) -> tuple[str, ...]:
         """The server URLs: the env variable named by `api_base_env` when set (several separated
-        by commas), else `api_base` (one URL, or a list of servers that share the calls)."""
+        by commas), else `api_base` (one URL, or a list of servers that share the calls).
+
+        Each URL from the variable must be http(s), like the registry's own: ConfigError
+        (exit 78) naming the variable otherwise."""
         if self.api_base_env:
             value = os.environ.get(self.api_base_env, "").strip()
             if value:
-                return tuple(u.strip() for u in value.split(",") if u.strip())
+                urls = tuple(u.strip() for u in value.split(",") if u.strip())
+                for url in urls:
+                    if not is_url(url):
+                        raise ConfigError(
+                            f"{self.api_base_env}: {_shown(url)} is not an http(s) URL "
+                            f"(the server of model {self.name!r})"
+                        )
+                return urls
         if isinstance(self.api_base, tuple):
             return self.api_base
         return (self.api_base,) if self.api_base else ()
@@ -138,11 +255,11 @@ def parse_registry(text: str, source: str) -> dict[str, dict[str, Any]]:
                 raise ConfigError(f"{where}: field {key!r} has the wrong type")
         if isinstance(entry.get("api_base"), list):
             _check_bases(entry["api_base"], where)
+        elif "api_base" in entry and not is_url(entry["api_base"]):
+            raise ConfigError(f"{where}: api_base = {_shown(entry['api_base'])} is not an http(s) URL")
         if entry.get("tool_choice", "auto") not in _TOOL_CHOICES:
             raise ConfigError(f"{where}: tool_choice must be one of {', '.join(_TOOL_CHOICES)}")
-        bad = _RESERVED_PARAMS & set(entry.get("params", {}))
-        if bad:
-            raise ConfigError(f"{where}: params may not set {', '.join(sorted(bad))}")
+        check_params(entry.get("params", {}), where)
         out[alias] = dict(entry)
     return out
 
@@ -153,14 +270,31 @@ def _check_bases(bases: list[Any], where: str) -> None:
         raise ConfigError(f"{where}: api_base is an empty list; give one URL or several")
     for k, url in enumerate(bases):
         if not is_url(url):
-            raise ConfigError(f"{where}: api_base[{k}] = {url!r} is not an http(s) URL")
+            raise ConfigError(f"{where}: api_base[{k}] = {_shown(url)} is not an http(s) URL")
 
 
 def is_url(value: Any) -> bool:
+    """An http(s) URL with a host (not file:, http+unix:, or a bare path)."""
     if not isinstance(value, str):
         return False
-    parts = urlsplit(value)
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return False
     return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _shown(value: Any) -> str:
+    """A refused server URL fit for a message: no user, password, query or fragment, cut short."""
+    if not isinstance(value, str):
+        return repr(value)
+    scheme, sep, rest = value.partition("://")
+    if sep:
+        netloc, slash, path = rest.partition("/")
+        value = f"{scheme}://{netloc.rsplit('@', 1)[-1]}{slash}{path}"
+    value = value.split("?", 1)[0].split("#", 1)[0]
+    return repr(value if len(value) <= 120 else value[:119] + "…")
 
 
 def public_url(url: str | None) -> str | None:
@@ -211,7 +345,9 @@ class Registry:
         """The spec for an alias, or for a raw litellm id (anything with a `/`)."""
         entry = self.entries.get(name)
         if entry is not None:
-            return ModelSpec(name=name, **entry)
+            spec = ModelSpec(name=name, **entry)
+            spec.bases  # noqa: B018 - the server URLs from the environment are checked now (exit 78)
+            return spec
         if "/" in name:
             return ModelSpec(name=name, model=name)
         known = ", ".join(sorted(self.entries))

@@ -3,11 +3,14 @@
 Every output a command names (`-o FILE`, plots, run settings, exports) is
 written to a temporary file beside its target and renamed over it only once
 complete; on failure the temporary file is removed and the target is untouched.
+A disk that fills up while writing is exit 74 with one line naming the target,
+whichever library was writing (`is_disk_full`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -15,7 +18,35 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from dphil.io.errors import OutputError
+from dphil.io.errors import DphilError, OutputError
+
+# errno values and the words libraries use for them (safetensors: "No space left on device
+# (os error 28)"; shutil.Error lists the OSErrors it met as text).
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_WORDS = ("No space left on device", "Disk quota exceeded")
+DISK_FULL = "No space left on device"
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether `error` (or an exception it was raised from) is a full disk or quota: ENOSPC or
+    EDQUOT from the OS, or a library's error that says so in words (SafetensorError)."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _DISK_FULL_ERRNOS:
+            return True
+        text = str(e)
+        if any(word in text for word in _DISK_FULL_WORDS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def disk_full_error(path: str | os.PathLike, error: BaseException, what: str = "cannot write") -> OutputError:
+    """One line (exit 74) naming `path` for a full disk, whatever library's error said so."""
+    why = error.strerror if isinstance(error, OSError) and error.strerror else DISK_FULL
+    return OutputError(f"{path}: {what}: {why}")
 
 
 def current_umask() -> int:
@@ -85,14 +116,21 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
             fd = os.open(path, os.O_WRONLY)
         except OSError as e:
             raise OutputError(f"{path}: cannot write: {e.strerror}") from None
-        with os.fdopen(fd, "wb") as fh:
-            yield fh
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                yield fh
+        except Exception as e:
+            if not isinstance(e, DphilError) and is_disk_full(e):
+                raise disk_full_error(path, e) from None
+            raise
         return
     fd, tmp = temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             yield fh
-    except BaseException:
+    except BaseException as e:
         discard(tmp)
+        if isinstance(e, Exception) and not isinstance(e, DphilError) and is_disk_full(e):
+            raise disk_full_error(path, e) from None
         raise
     publish(tmp, path)

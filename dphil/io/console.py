@@ -15,7 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import IO
 
-from dphil.io.errors import EX_INTERRUPTED, EX_SOFTWARE, DphilError
+from dphil.io.atomic import is_disk_full
+from dphil.io.errors import EX_INTERRUPTED, EX_IOERR, EX_SOFTWARE, DphilError
 from dphil.io.safe import for_terminal
 
 
@@ -97,6 +98,14 @@ def run(console: Console, body: Callable[[], int | None]) -> int:
     except MemoryError:
         console.error("out of memory")
         return EX_SOFTWARE
+    except OSError as e:
+        # A full disk where no writer named its file (a journal, a library's own write): still
+        # one line and exit 74, never an internal error.
+        if not is_disk_full(e):
+            console.error(f"internal error: {type(e).__name__}: {e}")
+            return EX_SOFTWARE
+        console.error(f"{e.filename or 'output'}: no space left on device")
+        return EX_IOERR
     except Exception as e:  # a bug: say so plainly, with the type, on one line
         console.error(f"internal error: {type(e).__name__}: {e}")
         return EX_SOFTWARE

@@ -325,7 +325,11 @@ class RecordWriter:
         self._closed = True
         try:
             if success:
-                self.flush()
+                try:
+                    self.flush()
+                except BaseException:
+                    success = False  # a full disk at the last flush: the target keeps its old contents
+                    raise
             elif self.mode == "append" or self._stream:
                 # Whole lines are still worth keeping in a journal or a pipe.
                 with contextlib.suppress(OSError):

@@ -3,10 +3,17 @@
 torch, transformers and peft are imported here, when a model is actually loaded, with a
 MissingExtraError naming what to install when they are not there; a model or adapter
 that cannot be loaded is one line naming it (exit 66 when it is missing, 65 when broken).
+
+Offline means offline: every load reads local files only (`local_files_only=True`),
+and the process is put in Hugging Face's offline mode before transformers is
+imported, so a name that is not a local directory (a hub id a record or an option
+names) is exit 66 without a single request to the hub.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -14,8 +21,21 @@ from typing import Any
 from dphil.io.errors import DataError, MissingExtraError, NoInputError, UsageError
 
 
+def hub_offline() -> None:
+    """Put this process (and its children) in Hugging Face's offline mode: no hub requests.
+
+    The environment is read when huggingface_hub is imported; when it already is, its
+    constant is set too (it is read at call time, by every request it would make).
+    """
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants: Any = sys.modules.get("huggingface_hub.constants")
+    if constants is not None:
+        constants.HF_HUB_OFFLINE = True
+
+
 def import_torch_stack() -> tuple[Any, Any]:
     """torch and transformers, or a MissingExtraError saying what to install."""
+    hub_offline()
     try:
         import torch
         import transformers
@@ -70,15 +90,40 @@ def return_freed_memory() -> None:
     mallopt(m_trim_threshold, 1 << 20)
 
 
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+
+
 def load_adapter(model: Any, adapter: str, *, trainable: bool) -> Any:
-    """Wrap `model` with the LoRA adapter saved in directory `adapter`."""
+    """Wrap `model` with the LoRA adapter saved in directory `adapter`.
+
+    One line naming it when it cannot be loaded: exit 66 when there is no adapter
+    there, 65 when its files are broken (a truncated safetensors file, a pickle
+    torch's weights-only loader refuses, a config peft cannot read).
+    """
+    hub_offline()
     try:
         from peft import PeftModel
     except ImportError:
         raise MissingExtraError("LoRA adapters need peft: pip install 'dphil[train]'") from None
-    if not (Path(adapter) / "adapter_config.json").is_file():
+    d = Path(adapter)
+    if not (d / "adapter_config.json").is_file():
         raise NoInputError(f"{adapter}: not an adapter directory (no adapter_config.json)")
-    return PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
+    weights = next((d / w for w in ADAPTER_WEIGHTS if (d / w).is_file()), None)
+    if weights is None:
+        raise NoInputError(f"{adapter}: no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})")
+    try:
+        with warnings.catch_warnings():  # torch's pickle warnings are not one line
+            warnings.simplefilter("ignore")
+            return PeftModel.from_pretrained(model, adapter, is_trainable=trainable, local_files_only=True)
+    except MemoryError:
+        raise
+    except Exception as e:  # safetensors, torch's unpickler, peft's ValueError / KeyError, OSError...
+        name = type(e).__name__
+        if name == "UnpicklingError":
+            why = "torch's weights-only loader refused it (not plain tensors: corrupt, or not a weights file)"
+            raise DataError(f"{weights}: cannot load the adapter: {why}") from None
+        where = weights if name == "SafetensorError" or "safetensors" in type(e).__module__ else d
+        raise DataError(f"{where}: cannot load the adapter: {name}: {_first_line(e)}") from None
 
 
 def load_pretrained(transformers: Any, path: str, dtype: Any) -> tuple[Any, Any]:
@@ -87,23 +132,36 @@ def load_pretrained(transformers: Any, path: str, dtype: Any) -> tuple[Any, Any]
     Exit 66 when there is no model there (no directory, no config.json, missing
     files), 65 when what is there is broken (unreadable config, truncated weights).
     """
+    hub_offline()
     p = Path(path)
     local = p.exists() or path.startswith((".", "/", "~"))
     if local and not (p / "config.json").is_file():
         what = "no config.json" if p.is_dir() else "no such directory"
         raise NoInputError(f"{path}: not a transformers model directory ({what})")
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        with warnings.catch_warnings():  # torch's pickle warnings are not one line
+            warnings.simplefilter("ignore")
+            tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+            model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    except MemoryError:
+        raise
     except OSError as e:  # files missing (or not in the local hub cache), or unreadable
-        missing = not local or "does not appear to have" in str(e) or "no file named" in str(e)
+        if not local:  # a hub id: only the local cache is read, nothing is downloaded
+            raise NoInputError(
+                f"{path}: no such model directory, nor in the local Hugging Face cache (dphil downloads nothing)"
+            ) from None
+        missing = "does not appear to have" in str(e) or "no file named" in str(e)
         error = NoInputError if missing else DataError
         raise error(f"{path}: cannot load the model: {_first_line(e)}") from None
     except Exception as e:  # transformers raises ValueError, KeyError, safetensors errors...
+        if type(e).__name__ == "UnpicklingError":
+            why = "torch's weights-only loader refused its weights (not plain tensors)"
+            raise DataError(f"{path}: cannot load the model: {why}") from None
         raise DataError(f"{path}: cannot load the model: {type(e).__name__}: {_first_line(e)}") from None
     return tokenizer, model
 
 
-def _first_line(e: BaseException) -> str:
+def _first_line(e: BaseException, limit: int = 300) -> str:
     text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
+    line = text[0].strip() if text else type(e).__name__
+    return line if len(line) <= limit else line[: limit - 1] + "…"

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dphil.agents.chat_templates import ensure_chat_template, for_family
+from dphil.agents.chat_templates import check_chat_template, ensure_chat_template, for_family, template_errors
 from dphil.io.errors import UsageError
 from dphil.local.loading import (
     import_torch_stack,
@@ -86,6 +86,7 @@ class LocalModel:
         # A base model (Gemma 3 270M) has no chat template: use its family's, from data.
         template = ensure_chat_template(self.tokenizer, getattr(model.config, "model_type", None))
         self.chat_template = "model" if template is None else template.name
+        check_chat_template(self.tokenizer, path)  # a template the sandbox refuses: exit 65 now
         self.eos_ids = _eos_ids(self.tokenizer, model)
         if adapter is not None:
             model = load_adapter(model, adapter, trainable=False)
@@ -99,7 +100,8 @@ class LocalModel:
         kwargs: dict[str, Any] = {"add_generation_prompt": True, "enable_thinking": False}
         if tools:
             kwargs["tools"] = tools
-        out = self.tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
+        with template_errors(self.path):
+            out = self.tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
         if hasattr(out, "keys"):
             out = out["input_ids"]
         return list(out)

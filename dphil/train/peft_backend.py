@@ -10,6 +10,7 @@ same optimisation rather than restarting Adam's moments).
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,8 @@ from typing import Any
 
 from dphil.agents.prompts import Prompt
 from dphil.core.records import EpisodeConfig
-from dphil.io.errors import MissingExtraError
+from dphil.io.atomic import disk_full_error, is_disk_full
+from dphil.io.errors import MissingExtraError, OutputError
 from dphil.local.loading import load_adapter
 from dphil.local.model import LORA_TARGETS, Decision, LocalModel
 from dphil.local.play import Played, play_episodes
@@ -204,10 +206,25 @@ class PeftBackend:
         return stats
 
     def save(self, directory: Path, *, step: int = 0) -> str:
-        """Write the adapter (save_pretrained) and the optimiser state to `directory`."""
-        directory.mkdir(parents=True, exist_ok=True)
-        self.lm.model.save_pretrained(str(directory))
-        self.torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
+        """Write the adapter (save_pretrained) and the optimiser state to `directory`.
+
+        A disk that fills up (safetensors' "No space left on device", ENOSPC) or a
+        directory that cannot be written is one line naming it, exit 74.
+        """
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            self.lm.model.save_pretrained(str(directory))
+            # Serialised in memory, then written: torch's own file writer reports a full disk
+            # as "unexpected pos", with no errno to tell it from a bug.
+            buffer = io.BytesIO()
+            self.torch.save(self.optimizer.state_dict(), buffer)
+            (directory / OPTIMIZER_FILE).write_bytes(buffer.getbuffer())
+        except Exception as e:
+            if is_disk_full(e):
+                raise disk_full_error(directory, e, "cannot save the checkpoint") from None
+            if isinstance(e, OSError):
+                raise OutputError(f"{directory}: cannot save the checkpoint: {e.strerror or e}") from None
+            raise
         return str(directory)
 
     def close(self) -> None:
