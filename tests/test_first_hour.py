@@ -111,3 +111,15 @@ def test_an_unknown_grouping_field_is_a_usage_error(tmp_path):
     assert run(["dphil-stats", "-", "--by", "deadlock_round"], input=scored).returncode == 0
     unknown = run(["dphil-show", "-", "--episode", "nope"], input=scored)
     assert unknown.returncode == 65 and unknown.stderr.count(b"\n") == 1
+
+
+def test_stats_and_show_tell_a_terminal_where_they_wrote(tmp_path):
+    p = run(["dphil-rollout", "-m", "scripted:naive", "-n", "3", "--episodes", "2"])
+    scored = tmp_path / "ep.jsonl"
+    scored.write_bytes(run(["dphil-score"], input=p.stdout).stdout)
+    cells = tmp_path / "cells.jsonl"
+    code, _, shown = on_a_terminal([command_path("dphil-stats"), str(scored), "-o", str(cells)], b"")
+    assert code == 0 and shown.splitlines()[-1] == f"dphil-stats: wrote 1 cell(s) and 0 comparison(s) to {cells}"
+    page = tmp_path / "ep.html"
+    code, _, shown = on_a_terminal([command_path("dphil-show"), str(scored), "-o", str(page)], b"")
+    assert code == 0 and shown.splitlines()[-1] == f"dphil-show: wrote html to {page}"

@@ -89,4 +89,5 @@ def run_select(req: SelectRequest, console: Console) -> int:
         for record in selection.chosen:
             writer.write(record)
     console.warn(summary(selection))
+    console.report(f"wrote the chosen checkpoint record(s) to {req.output or 'stdout'}")
     return 0

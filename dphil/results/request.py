@@ -112,4 +112,7 @@ def run_stats(req: StatsRequest, console: Console) -> int:
             text = report.render(req.fmt, shown, comps, by, reward=reward, width=None if req.wide else req.width)
             for line in text.splitlines(keepends=True):
                 writer.write_line(line.encode())
+    where = req.output if req.output not in (None, "-") else "stdout"
+    what = f"{len(shown)} cell(s) and {len(comps)} comparison(s)" if req.fmt in ("jsonl", "csv") else f"the {req.fmt}"
+    console.report(f"wrote {what} to {where}" + (f"; the plot to {req.plot}" if req.plot else ""))
     return 0

@@ -165,6 +165,8 @@ def show(req: ShowRequest, console: Console) -> int:
             console.warn(f"showed the first {req.limit} episodes; --limit 0 shows them all")
         if reader.skipped:
             console.error(f"skipped {reader.skipped} record(s)")
+    if req.output not in (None, "-"):
+        console.report(f"wrote {fmt} to {req.output}")
     return 0
 
 

@@ -279,4 +279,9 @@ def launch(req: TrainRequest, console: Console) -> int:
         if episodes is not None:
             episodes.close(success=ok)
         out.close(success=ok)
+    console.report(f"adapters and the journal in {cfg.run_dir}; checkpoint records to {_where(req.output)}")
     return 0
+
+
+def _where(output: str | None) -> str:
+    return output if output not in (None, "-") else "stdout"
