@@ -85,3 +85,10 @@ def test_exit_codes_are_one_enum_and_the_docs_list_every_one():
     docs = (ROOT / "docs" / "commands.md").read_text()
     for status in ExitStatus:
         assert f"| {status.value} |" in docs, f"docs/commands.md lacks exit code {status.value} ({status.name})"
+
+
+def test_the_episode_schema_knows_the_versions_the_readers_accept():
+    from dphil.core.records import SCHEMA_VERSIONS
+
+    schema = json.loads((ROOT / "schemas" / "episode.schema.json").read_text())
+    assert schema["properties"]["schema_version"]["enum"] == list(SCHEMA_VERSIONS)
