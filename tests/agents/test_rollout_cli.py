@@ -13,6 +13,7 @@ import pytest
 
 from tests.core.test_samples import validator
 from tests.support.commands import command_path, run
+from tests.support.memory import measured
 from tests.support.openai_server import OpenAIServer, big, status, text
 
 KEY = "sk-cli-SECRET-0123456789abcdef"
@@ -306,35 +307,19 @@ def test_the_servers_reason_reaches_the_record_and_stderr(tmp_path, server, env)
     assert said.encode() in p.stderr
 
 
-# Linux carries a parent's memory high-water mark into a vfork()ed child's ru_maxrss across
-# exec, so a child started by a large pytest process would report pytest's peak as its own.
-# A small fresh interpreter forks the command instead and reports the command's own peak.
-_MEASURE = """
-import os, sys
-pid = os.fork()
-if pid == 0:
-    os.execv(sys.argv[2], sys.argv[2:])
-_, status, usage = os.wait4(pid, 0)
-with open(sys.argv[1], "w") as f:
-    f.write(str(usage.ru_maxrss))
-code = os.waitstatus_to_exitcode(status)
-os._exit(code if code >= 0 else 128 - code)
-"""
-
-
 def _peak_rss_mb(args, env, tmp_path):
     """Run a command and return (exit code, stdout, stderr, its own peak RSS in MiB)."""
     peak_file = tmp_path / "peak_rss_kb"
     with open(tmp_path / "stderr", "w+b") as err:
         proc = subprocess.run(
-            [sys.executable, "-c", _MEASURE, str(peak_file), *args],
+            measured(peak_file, list(args)),
             env=env,
             stdout=subprocess.PIPE,
             stderr=err,
             timeout=600,
         )
         err.seek(0)
-        return proc.returncode, proc.stdout, err.read(), int(peak_file.read_text()) / 1024
+        return proc.returncode, proc.stdout, err.read(), int(peak_file.read_text()) / 1024  # KiB -> MiB
 
 
 def test_a_200_mb_reply_is_an_error_and_memory_stays_bounded(tmp_path, server, env):

@@ -1,7 +1,8 @@
 """dphil-stats on hostile inputs: files read twice, lines over the cap, a million episodes, foreign versions.
 
-Each test runs the installed command as a real process. Memory is the child's own peak
-resident set (`os.wait4`), asserted under a bound; nothing here is timed.
+Each test runs the installed command as a real process. Memory is the command's own peak
+resident set (measured by a small launcher, `tests/support/memory.py`, so the test runner's
+size does not count), asserted under a bound; nothing here is timed.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import os
 import subprocess
+import tempfile
 import threading
 import zlib
 from collections.abc import Iterable, Iterator
@@ -20,6 +21,7 @@ import pytest
 
 from dphil.io.jsonl import MAX_LINE
 from tests.support.commands import command_path, run
+from tests.support.memory import measured, peak_mib
 
 NAIVE, HIER = "scripted:naive", "scripted:hierarchy"
 COMPARE = ["--compare", "model", NAIVE, HIER]
@@ -43,8 +45,12 @@ def records(out: bytes) -> list[dict]:
 
 def peak(args: list[str], feed: Iterable[bytes] = ()) -> tuple[subprocess.CompletedProcess, int]:
     """Run a command with `feed` streamed to its stdin; its result and its own peak RSS in MiB."""
+    peak_file = Path(tempfile.mkdtemp()) / "peak_rss_kb"
     proc = subprocess.Popen(
-        [command_path(args[0]), *args[1:]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        measured(peak_file, [command_path(args[0]), *args[1:]]),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     out: dict[str, bytes] = {}
 
@@ -67,12 +73,11 @@ def peak(args: list[str], feed: Iterable[bytes] = ()) -> tuple[subprocess.Comple
     ]
     for t in threads:
         t.start()
-    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage, not the test runner's
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc.wait()
     for t in threads:
         t.join(timeout=60)
     result = subprocess.CompletedProcess(proc.args, proc.returncode, out.get("out", b""), out.get("err", b""))
-    return result, usage.ru_maxrss // 1024  # KiB on Linux
+    return result, peak_mib(peak_file)  # the command's own peak, not the test runner's (tests/support/memory.py)
 
 
 # -- item 2: an episode_id read twice -----------------------------------------------------
