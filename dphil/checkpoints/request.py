@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from dphil.checkpoints.record import located, read_inputs, with_adapter_path
 from dphil.checkpoints.selection import select, summary
-from dphil.io.console import Console
+from dphil.io.console import Console, output_name
 from dphil.io.errors import UsageError
 from dphil.io.jsonl import RecordReader, RecordWriter
 
@@ -89,5 +89,5 @@ def run_select(req: SelectRequest, console: Console) -> int:
         for record in selection.chosen:
             writer.write(record)
     console.warn(summary(selection))
-    console.report(f"wrote the chosen checkpoint record(s) to {req.output or 'stdout'}")
+    console.report(f"wrote the chosen checkpoint record(s) to {output_name(req.output)}")
     return 0

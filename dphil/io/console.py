@@ -130,6 +130,11 @@ def _restore_sigterm(previous) -> None:
             signal.signal(signal.SIGTERM, previous)
 
 
+def output_name(path: object) -> str:
+    """How a run's report names where it wrote: the path, or stdout for none and `-`."""
+    return "stdout" if path is None or str(path) == "-" else str(path)
+
+
 def stdin_has_data() -> bool:
     """Whether records are being piped into stdin right now (a pipe or file with bytes waiting).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dphil.io.console import Console
+from dphil.io.console import Console, output_name
 from dphil.io.errors import UsageError
 from dphil.io.jsonl import RecordWriter, check_sources
 from dphil.results import fields, report
@@ -112,7 +112,7 @@ def run_stats(req: StatsRequest, console: Console) -> int:
             text = report.render(req.fmt, shown, comps, by, reward=reward, width=None if req.wide else req.width)
             for line in text.splitlines(keepends=True):
                 writer.write_line(line.encode())
-    where = req.output if req.output not in (None, "-") else "stdout"
+    where = output_name(req.output)
     what = f"{len(shown)} cell(s) and {len(comps)} comparison(s)" if req.fmt in ("jsonl", "csv") else f"the {req.fmt}"
     console.report(f"wrote {what} to {where}" + (f"; the plot to {req.plot}" if req.plot else ""))
     return 0

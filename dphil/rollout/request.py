@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dphil.core.records import EpisodeConfig
+from dphil.io.console import output_name
 from dphil.io.errors import UsageError
 from dphil.rollout.grid import Grid, RunStats, completed_ids, is_scripted, run_scripted, scripted_name, shard
 
@@ -196,7 +197,7 @@ def run_request(req: RolloutRequest, console) -> int:
             bar.close()
     writer.close()
     written = stats.written + (llm_stats.written if llm_stats is not None else 0)
-    console.report(f"wrote {written} episode(s) to {req.output if req.output not in (None, '-') else 'stdout'}")
+    console.report(f"wrote {written} episode(s) to {output_name(req.output)}")
     if stats.skipped_done:
         console.warn(f"{stats.skipped_done} episode(s) already complete in {req.output}; wrote {stats.written}")
     if llm_stats is not None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from dphil.io.console import Console
+from dphil.io.console import Console, output_name
 from dphil.io.errors import DataError, UsageError
 from dphil.io.jsonl import RecordReader, RecordWriter
 from dphil.scoring.reward import TERMS, RewardSpec
@@ -81,6 +81,6 @@ def run_score(req: ScoreRequest, console: Console) -> int:
         console.error(f"skipped {reader.skipped} bad record(s)")
     if summary is not None and written:
         console.report(summary.render())
-        where = req.output if req.output not in (None, "-") else "stdout"
+        where = output_name(req.output)
         console.report(f"wrote {written} scored episode(s) to {where}")
     return 0

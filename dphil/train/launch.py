@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dphil.io.console import Console
+from dphil.io.console import Console, output_name
 from dphil.io.errors import UsageError
 from dphil.io.jsonl import RecordWriter
 from dphil.rollout.grid import parse_int_list
@@ -279,9 +279,5 @@ def launch(req: TrainRequest, console: Console) -> int:
         if episodes is not None:
             episodes.close(success=ok)
         out.close(success=ok)
-    console.report(f"adapters and the journal in {cfg.run_dir}; checkpoint records to {_where(req.output)}")
+    console.report(f"adapters and the journal in {cfg.run_dir}; checkpoint records to {output_name(req.output)}")
     return 0
-
-
-def _where(output: str | None) -> str:
-    return output if output not in (None, "-") else "stdout"
