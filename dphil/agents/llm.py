@@ -170,10 +170,14 @@ class Completion:
     retries: int
     cost: float
     server: str | None = None  # which of several servers answered (a URL without secrets)
+    cached_tokens: int | None = None  # of prompt_tokens, how many the server took from its cache
 
     @property
     def usage(self) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+        out = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+        if self.cached_tokens is not None:
+            out["cached_tokens"] = self.cached_tokens
+        return out
 
 
 @dataclass
@@ -219,8 +223,12 @@ class Gateway:
         *,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | None = None,
+        slot: int | None = None,
     ) -> Completion:
-        """One chat completion, retried when that can help; LLMCallError when it cannot be had."""
+        """One chat completion, retried when that can help; LLMCallError when it cannot be had.
+
+        `slot`: on a llama.cpp server dphil started, the slot this conversation keeps, whose
+        cached prompt the server extends instead of evaluating the whole prompt again."""
         litellm = litellm_module()
         limits = self.limits
         key = spec.api_key()
@@ -243,6 +251,8 @@ class Gateway:
             kwargs["tools"] = tools
             if tool_choice:
                 kwargs["tool_choice"] = tool_choice
+        if slot is not None:
+            kwargs["extra_body"] = {"id_slot": slot, "cache_prompt": True}
         if len(bases) > 1:  # several servers: litellm's Router picks one per call
             router = self._router(litellm, spec, key)
             kwargs["model"] = spec.name
@@ -389,7 +399,10 @@ def _completion(litellm: Any, response: Any, latency: float, retries: int, spec:
     usage = getattr(response, "usage", None)
     prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
     completion = int(getattr(usage, "completion_tokens", 0) or 0)
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", None)
     return Completion(
+        cached_tokens=cached if isinstance(cached, int) and not isinstance(cached, bool) else None,
         content=message.content,
         tool_calls=calls,
         reasoning=reasoning if isinstance(reasoning, str) else None,

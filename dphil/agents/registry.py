@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -40,10 +41,13 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "tool_choice": (str,),
     "params": (dict,),
     "description": (str,),
+    "local": (str,),
 }
 # `tool_choice` for the action calls (talk calls always send "none"): "required" makes a
 # server that constrains its output to the tools (llama.cpp) always return a tool call.
 _TOOL_CHOICES = ("auto", "required")
+# `local` names a model of dphil's offline catalogue (`dphil-weights --list`), served by llama.cpp.
+_LOCAL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
 # Upper bound on max_tokens / max_completion_tokens (and thinking budgets): far above any
 # model's context, far below what overflows a server's integer parsing.
 MAX_TOKENS_LIMIT = 1_000_000
@@ -177,6 +181,15 @@ class ModelSpec:
     tool_choice: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     description: str | None = None
+    local: str | None = None  # a catalogue model dphil serves itself when no server URL is given
+    # Set by a run for a server it started (never read from a registry): each episode in flight
+    # owns this many consecutive slots, one per seat, so every conversation keeps its cache.
+    lane_slots: int | None = None
+
+    @property
+    def embedded(self) -> bool:
+        """Whether dphil starts this model's server itself (a `local` entry with no URL set)."""
+        return self.local is not None and not self.bases
 
     def __post_init__(self) -> None:
         if isinstance(self.api_base, list):
@@ -257,6 +270,8 @@ def parse_registry(text: str, source: str) -> dict[str, dict[str, Any]]:
             _check_bases(entry["api_base"], where)
         elif "api_base" in entry and not is_url(entry["api_base"]):
             raise ConfigError(f"{where}: api_base = {_shown(entry['api_base'])} is not an http(s) URL")
+        if "local" in entry and not _LOCAL_NAME.fullmatch(entry["local"]):
+            raise ConfigError(f"{where}: local = {entry['local']!r} is not a catalogue model name")
         if entry.get("tool_choice", "auto") not in _TOOL_CHOICES:
             raise ConfigError(f"{where}: tool_choice must be one of {', '.join(_TOOL_CHOICES)}")
         check_params(entry.get("params", {}), where)

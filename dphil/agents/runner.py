@@ -33,20 +33,36 @@ class Usage:
     completion_tokens: int = 0
     cost: float = 0.0
     calls: int = 0
+    cached_tokens: int | None = None  # prompt tokens the server took from its cache, where it says
 
     def add(self, c: Completion) -> None:
         self.prompt_tokens += c.prompt_tokens
         self.completion_tokens += c.completion_tokens
         self.cost += c.cost
         self.calls += 1
+        self.add_cached(c.cached_tokens)
+
+    def add_cached(self, tokens: int | None) -> None:
+        if tokens is not None:
+            self.cached_tokens = (self.cached_tokens or 0) + tokens
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        """Cached prompt tokens / prompt tokens, over the calls whose server reports its cache."""
+        if self.cached_tokens is None or not self.prompt_tokens:
+            return None
+        return self.cached_tokens / self.prompt_tokens
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cost": round(self.cost, 8),
             "calls": self.calls,
         }
+        if self.cached_tokens is not None:
+            out["cached_tokens"] = self.cached_tokens
+        return out
 
 
 def model_variant(spec: ModelSpec, settings: AgentSettings) -> dict[str, Any]:
@@ -66,7 +82,12 @@ def _kept(field: str, text: str | None) -> dict[str, Any]:
 
 
 def _call_extras(c: Completion) -> dict[str, Any]:
-    extras = {"usage": c.usage, "latency_s": c.latency_s, "retries": c.retries, "cost": round(c.cost, 8)}
+    extras: dict[str, Any] = {
+        "usage": c.usage,
+        "latency_s": c.latency_s,
+        "retries": c.retries,
+        "cost": round(c.cost, 8),
+    }
     if c.server is not None:
         extras["server"] = c.server
     return extras
@@ -75,8 +96,19 @@ def _call_extras(c: Completion) -> dict[str, Any]:
 class Episode:
     """One episode in play: the table, its agents and what their calls used."""
 
-    def __init__(self, config: EpisodeConfig, spec: ModelSpec, settings: AgentSettings, gateway: Gateway) -> None:
+    def __init__(
+        self,
+        config: EpisodeConfig,
+        spec: ModelSpec,
+        settings: AgentSettings,
+        gateway: Gateway,
+        *,
+        first_slot: int | None = None,
+    ) -> None:
         self.config = config
+        # On a server dphil started, philosopher i always talks to slot first_slot + i, which
+        # keeps its conversation's prompt cached from one round to the next.
+        self.first_slot = first_slot
         self.spec = spec
         self.settings = settings
         self.gateway = gateway
@@ -99,12 +131,13 @@ class Episode:
         self.read = [0] * config.n
         self.talked: list[list[dict[str, Any]]] = [[] for _ in range(config.n)]
 
-    async def _call(self, messages: list[dict[str, Any]], *, talk: bool) -> Completion:
+    async def _call(self, i: int, messages: list[dict[str, Any]], *, talk: bool) -> Completion:
         completion = await self.gateway.complete(
             self.spec,
             messages,
             tools=self.tools,
             tool_choice=("none" if talk else self.spec.tool_choice) if self.tools else None,
+            slot=None if self.first_slot is None else self.first_slot + i,
         )
         self.usage.add(completion)
         return completion
@@ -128,7 +161,7 @@ class Episode:
     async def _talk_one(self, i: int, k: int, first: bool) -> dict[str, Any]:
         agent = self.agents[i]
         text = self._prompt(i, first=first, talk=(k, self.settings.talk))
-        completion = await self._call(agent.ask(text), talk=True)
+        completion = await self._call(i, agent.ask(text), talk=True)
         message = agent.heard(completion.content)
         entry = {"text": message, **_kept("raw", completion.content), **_call_extras(completion)}
         self.talked[i].append(entry)
@@ -149,7 +182,7 @@ class Episode:
     async def _decide(self, i: int) -> tuple[str | None, dict[str, Any]]:
         agent = self.agents[i]
         text = self._prompt(i, first=not self.settings.talk, talk=None)
-        completion = await self._call(agent.ask(text), talk=False)
+        completion = await self._call(i, agent.ask(text), talk=False)
         parsed = agent.answered(completion.content, completion.tool_calls)
         extra: dict[str, Any] = {
             **_kept("raw", parsed.raw),
@@ -213,10 +246,15 @@ async def _all(coros: list[Any]) -> list[Any]:
 
 
 async def play_episode(
-    config: EpisodeConfig, spec: ModelSpec, settings: AgentSettings, gateway: Gateway
+    config: EpisodeConfig,
+    spec: ModelSpec,
+    settings: AgentSettings,
+    gateway: Gateway,
+    *,
+    first_slot: int | None = None,
 ) -> dict[str, Any]:
     """Play one episode with model philosophers and return its record."""
-    return await Episode(config, spec, settings, gateway).play()
+    return await Episode(config, spec, settings, gateway, first_slot=first_slot).play()
 
 
 # -- a whole run ----------------------------------------------------------------------------
@@ -252,20 +290,26 @@ async def run_models_async(
     cost_limit: float | None = None,
     progress: Callable[[dict[str, Any] | None, ModelRunStats], None] | None = None,
     stats: ModelRunStats | None = None,
+    episodes: int | None = None,
 ) -> ModelRunStats:
     """Play every config not in `done`, writing each record as it finishes.
 
     Episodes start in grid order; enough run at once to keep the gateway's
-    concurrency busy. `progress(record, stats)` is called after each one
-    (record None for a skipped one).
+    concurrency busy (or `episodes` at once, when given). `progress(record, stats)`
+    is called after each one (record None for a skipped one). An episode of a model
+    whose server dphil started (`spec.lane_slots`) gets a lane of its own: seat i
+    calls slot lane * lane_slots + i, which no other episode in flight uses.
     """
     stats = stats or ModelRunStats()
-    limit = max(1, gateway.limits.concurrency)
+    limit = max(1, episodes or gateway.limits.concurrency)
+    free_lanes = list(range(limit - 1, -1, -1))
+    lanes: dict[asyncio.Task[dict[str, Any]], int] = {}
     running: set[asyncio.Task[dict[str, Any]]] = set()
     pending = iter(configs)
     exhausted = False
 
     def finish(task: asyncio.Task[dict[str, Any]]) -> None:
+        free_lanes.append(lanes.pop(task))
         record = task.result()
         write(record)
         stats.written += 1
@@ -274,6 +318,7 @@ async def run_models_async(
         stats.usage.completion_tokens += u.get("completion_tokens", 0)
         stats.usage.cost += u.get("cost", 0.0)
         stats.usage.calls += u.get("calls", 0)
+        stats.usage.add_cached(u.get("cached_tokens"))
         if record["status"] == "error":
             stats.errors += 1
             stats.last_error = record.get("error")
@@ -296,7 +341,12 @@ async def run_models_async(
                     if progress is not None:
                         progress(None, stats)
                     continue
-                running.add(asyncio.ensure_future(play_episode(config, specs[config.model], settings, gateway)))
+                spec = specs[config.model]
+                lane = free_lanes.pop()
+                first = lane * spec.lane_slots if spec.lane_slots else None
+                task = asyncio.ensure_future(play_episode(config, spec, settings, gateway, first_slot=first))
+                lanes[task] = lane
+                running.add(task)
             if not running:
                 break
             finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)

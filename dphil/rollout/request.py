@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -126,83 +127,103 @@ def run_request(req: RolloutRequest, console) -> int:
     elif req.resume:
         raise UsageError("--resume needs -o FILE")
 
-    if plan is not None and req.check:
-        from dphil.agents.preflight import preflight
+    servers = ExitStack()  # the model servers this run starts itself, stopped however it ends
+    episodes_in_flight = None
+    if plan is not None and any(spec.embedded for spec in plan.specs.values()):
+        plan, episodes_in_flight = _embedded(plan, req, servers, console)
+    with servers:
+        if plan is not None and req.check:
+            from dphil.agents.preflight import preflight
 
-        preflight(plan.specs.values())  # a missing key or server fails here, before any record
+            preflight(plan.specs.values())  # a missing key or server fails here, before any record
 
-    # One fixed order over the whole grid (scripted and API models, then local entries) so that
-    # shards partition it; scripted episodes stream, the rest is collected as it goes by.
-    def everything() -> Iterator[tuple[Any, EpisodeConfig]]:
-        for config in grid.configs():
-            yield None, config
-        for entry, local_grid in local_grids:
-            for config in local_grid.configs():
-                yield entry, config
+        # One fixed order over the whole grid (scripted and API models, then local entries) so that
+        # shards partition it; scripted episodes stream, the rest is collected as it goes by.
+        def everything() -> Iterator[tuple[Any, EpisodeConfig]]:
+            for config in grid.configs():
+                yield None, config
+            for entry, local_grid in local_grids:
+                for config in local_grid.configs():
+                    yield entry, config
 
-    api_configs: list[EpisodeConfig] = []
-    local_configs: dict[Any, list[EpisodeConfig]] = {}
+        api_configs: list[EpisodeConfig] = []
+        local_configs: dict[Any, list[EpisodeConfig]] = {}
 
-    def scripted_stream() -> Iterator[EpisodeConfig]:
-        for entry, config in shard(everything(), req.shard):
-            if entry is not None:
-                local_configs.setdefault(entry, []).append(config)
-            elif is_scripted(config.model):
-                yield config
-            else:
-                api_configs.append(config)
+        def scripted_stream() -> Iterator[EpisodeConfig]:
+            for entry, config in shard(everything(), req.shard):
+                if entry is not None:
+                    local_configs.setdefault(entry, []).append(config)
+                elif is_scripted(config.model):
+                    yield config
+                else:
+                    api_configs.append(config)
 
-    cells = (len(plain) + len(local_grids)) * len(grid.sizes) * len(grid.seeds)
-    total = len(range(req.shard[0], cells, req.shard[1])) if req.shard else cells
+        cells = (len(plain) + len(local_grids)) * len(grid.sizes) * len(grid.seeds)
+        total = len(range(req.shard[0], cells, req.shard[1])) if req.shard else cells
 
-    writer = RecordWriter(req.output, mode="append", line_buffered=bool(plan or local_grids))
-    stats = RunStats()
-    llm_stats = None
-    bar = None
-    try:
-        from dphil.io.progress import make_progress
+        writer = RecordWriter(req.output, mode="append", line_buffered=bool(plan or local_grids))
+        stats = RunStats()
+        llm_stats = None
+        bar = None
+        try:
+            from dphil.io.progress import make_progress
 
-        bar = make_progress(console, total, unit="episodes")
-        progress = bar.update if bar is not None else None
-        run_scripted(scripted_stream(), writer.write_line, done=done, stats=stats, progress=progress)
-        if local_configs:
-            from dphil.local.entries import run_local
+            bar = make_progress(console, total, unit="episodes")
+            progress = bar.update if bar is not None else None
+            run_scripted(scripted_stream(), writer.write_line, done=done, stats=stats, progress=progress)
+            if local_configs:
+                from dphil.local.entries import run_local
 
-            assert local_settings is not None  # local configs come only from local entries
-            written, skipped = run_local(
-                local_configs.items(), local_settings, writer.write, done=done, progress=progress
-            )
-            stats.written += written
-            stats.skipped_done += skipped
-        if plan is not None:
-            from dphil.agents.llm import Limits
-            from dphil.agents.runner import run_models
+                assert local_settings is not None  # local configs come only from local entries
+                written, skipped = run_local(
+                    local_configs.items(), local_settings, writer.write, done=done, progress=progress
+                )
+                stats.written += written
+                stats.skipped_done += skipped
+            if plan is not None:
+                from dphil.agents.llm import Limits
+                from dphil.agents.runner import run_models
 
-            llm_stats = run_models(
-                api_configs,
-                plan.specs,
-                plan.settings,
-                writer.write,
-                done=done,
-                max_errors=req.max_errors,
-                cost_limit=req.cost_limit,
-                limits=Limits(**req.limits),
-                progress=_llm_progress(bar),
-            )
-    except BaseException:
-        writer.close(success=False)
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-    writer.close()
-    written = stats.written + (llm_stats.written if llm_stats is not None else 0)
-    console.report(f"wrote {written} episode(s) to {output_name(req.output)}")
-    if stats.skipped_done:
-        console.warn(f"{stats.skipped_done} episode(s) already complete in {req.output}; wrote {stats.written}")
-    if llm_stats is not None:
-        return _llm_summary(console, llm_stats, req.output)
-    return 0
+                llm_stats = run_models(
+                    api_configs,
+                    plan.specs,
+                    plan.settings,
+                    writer.write,
+                    done=done,
+                    max_errors=req.max_errors,
+                    cost_limit=req.cost_limit,
+                    limits=Limits(**req.limits),
+                    progress=_llm_progress(bar),
+                    episodes=episodes_in_flight,
+                )
+        except BaseException:
+            writer.close(success=False)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        writer.close()
+        written = stats.written + (llm_stats.written if llm_stats is not None else 0)
+        console.report(f"wrote {written} episode(s) to {output_name(req.output)}")
+        if stats.skipped_done:
+            console.warn(f"{stats.skipped_done} episode(s) already complete in {req.output}; wrote {stats.written}")
+        if llm_stats is not None:
+            return _llm_summary(console, llm_stats, req.output)
+        return 0
+
+
+def _embedded(plan, req: RolloutRequest, servers: ExitStack, console):
+    """Start a server for every embedded model (`local` entries without a URL); return the plan
+    pointed at them and how many episodes may run at once (each keeps its slots)."""
+    from dphil.agents.llm import Limits
+    from dphil.serving.embedded import embedded_servers, slots_for
+
+    concurrency = Limits(**req.limits).concurrency
+    slots, episodes = slots_for(list(req.grid.sizes), concurrency)
+    specs = servers.enter_context(
+        embedded_servers(plan.specs, slots=slots, stride=max(req.grid.sizes), warn=console.warn)
+    )
+    return replace(plan, specs=specs), episodes
 
 
 def _llm_progress(bar):
@@ -222,6 +243,12 @@ def _llm_progress(bar):
     return progress
 
 
+def _cached(usage) -> str:
+    """The cache hit rate, where the server reports what it took from its prompt cache."""
+    rate = usage.cache_hit_rate
+    return "" if rate is None else f"; {rate:.0%} of prompt tokens from the server's cache"
+
+
 def _llm_summary(console, stats, output):
     """Closing lines of a model run; exit 75 (try again) when episodes are left to do."""
     from dphil.io.errors import EX_TEMPFAIL
@@ -232,7 +259,7 @@ def _llm_summary(console, stats, output):
     console.warn(
         f"model episodes: {stats.written} written, {stats.errors} errored; "
         f"{u.calls} calls, {u.prompt_tokens + u.completion_tokens} tokens, "
-        f"${u.cost:.4f}"
+        f"${u.cost:.4f}" + _cached(u)
     )
     # --resume needs a journal (-o FILE): without one, the advice is to write one next time.
     again = "rerun with --resume" if output not in (None, "-") else "rerun with -o FILE (then --resume)"

@@ -59,6 +59,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="JINJA",
         help="a Jinja chat template (default: the file's own, else dphil's for its family)",
     )
+    p.add_argument(
+        "--jinja",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="render chat templates with llama.cpp's Jinja engine, which tool calling needs "
+        "(default: on; --no-jinja uses its built-in formats)",
+    )
     p.add_argument("--seed", type=int, default=None, help="sampling seed for requests that set none")
     p.add_argument("-v", "--verbose", action="store_true", help="llama.cpp's informational log on stderr")
     return p
@@ -128,6 +135,9 @@ def default_template(path: Path) -> str | None:
     return t.template if t is not None else None
 
 
+_serving: list[object] = []  # the running server, never destroyed before os._exit
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     path = Path(args.model)
@@ -158,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         params.cpuparams.n_threads = args.threads
         params.cpuparams_batch.n_threads = args.threads
+    params.use_jinja = args.jinja  # set, not left to the wheel's default: tool calls need it
     if template:
         params.chat_template = template
     if args.seed is not None:
@@ -181,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     signal.sigwait(stop)
-    del server  # stops the HTTP server and the decoding loop
+    # No graceful drain: with busy slots llama.cpp's shutdown waits for their replies (tens of
+    # seconds on a CPU), and nothing here needs saving. The server is kept referenced so that
+    # returning does not run its destructor; the caller's os._exit then ends every thread at once.
+    _serving.append(server)
     return 0
 
 

@@ -63,7 +63,7 @@ class LocalServer:
     name: str = "server"
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
-    grace: float = 15.0  # seconds between SIGTERM and SIGKILL when stopping
+    grace: float = 10.0  # seconds between SIGTERM and SIGKILL when stopping
 
     @property
     def url(self) -> str:
@@ -189,6 +189,7 @@ def llamacpp_server(
     ctx_size: int = 4096,
     alias: str | None = None,
     seed: int | None = 0,
+    jinja: bool = True,
 ) -> LocalServer:
     """llama.cpp's server (xllamacpp, `python -m dphil.serving.llamacpp`) for a GGUF file."""
     path = Path(gguf)
@@ -210,6 +211,7 @@ def llamacpp_server(
         str(parallel),
         "-c",
         str(ctx_size),
+        "--jinja" if jinja else "--no-jinja",
     ]
     if threads:
         argv += ["-t", str(threads)]
