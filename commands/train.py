@@ -16,7 +16,7 @@ from dphil.commands._common import (
     wait_lock_option,
 )
 
-from dphil.train.advantages import MODES
+from dphil.train.advantages import DEFAULT_GAMMA, DEFAULT_WEIGHT, MODES, modes_using
 
 BACKENDS = ("peft", "art", "art-serverless", "art-tinker")
 
@@ -162,21 +162,19 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     type=click.Choice(list(MODES)),
     default="episode",
     show_default=True,
-    help="Credit assignment: episode (every turn gets its episode's group advantage, the "
-    "study's), philosopher (each philosopher's own share of the reward, per seat), step "
-    "(GiGPO: episode advantage + weight x advantage among turns that saw the same state).",
+    help="Credit assignment: " + "; ".join(f"{name} ({mode.summary})" for name, mode in MODES.items()) + ".",
 )
 @click.option(
     "--advantage-gamma",
     type=click.FloatRange(0, 1),
     default=None,
-    help="step: discount of the return from a turn on [default: 0.95].",
+    help=f"{', '.join(modes_using('gamma'))}: discount of the return from a turn on [default: {DEFAULT_GAMMA}].",
 )
 @click.option(
     "--advantage-weight",
     type=click.FloatRange(min=0),
     default=None,
-    help="step: weight of the step-level advantage [default: 1.0].",
+    help=f"{', '.join(modes_using('weight'))}: weight of the step-level advantage [default: {DEFAULT_WEIGHT}].",
 )
 @click.option(
     "--dtype",

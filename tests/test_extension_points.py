@@ -62,9 +62,9 @@ def test_every_credit_mode_runs_on_both_backends_and_in_the_cli():
     for mode in MODES:
         AdvantageSpec(mode)
     with pytest.raises(ValueError, match="unknown advantage mode"):
-        AdvantageSpec("counterfactual")
+        AdvantageSpec("team")
     with pytest.raises(ValueError, match="no trajectory groups"):
-        art_groups(None, [], "counterfactual")
+        art_groups(None, [], "team")
     help_text = run(["dphil-train", "--help"]).stdout.decode()
     for mode in MODES:
         assert mode in help_text

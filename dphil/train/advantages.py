@@ -1,22 +1,32 @@
-"""Credit assignment: one advantage per turn, from the episode, the philosopher or the step.
+"""Credit assignment: one advantage per turn, from the episode, the seat, the step, the seat's
+turn, or what else the seat could have done.
 
 GRPO as the study ran it gives every turn of an episode that episode's
 group-relative advantage, so the philosopher whose grab deadlocked the table
 is credited exactly like the one who waited. These pure functions take the
-scored episodes of one group (one scenario played several times) and return
-an advantage per turn, aligned with each record's `turns`:
+scored episodes of one group (one scenario played several times, same seed and
+configuration) and return an advantage per turn, aligned with each record's `turns`:
 
 * `episode`: A = (R - mean) / (std + eps) over the group's episode rewards R
   (the study's; every turn of an episode gets its episode's A).
 * `philosopher`: the episode reward split into one return per philosopher
   whose mean over the table is the episode reward exactly (see
-  `philosopher_returns`), normalised per seat across the group's episodes;
-  every turn of philosopher i in episode e gets A(e, i).
+  `dphil.train.returns.philosopher_returns`; a deadlock blames every holder in
+  the cycle by how long it held and waited, `dphil.train.blame`), normalised per
+  seat across the group's episodes; every turn of philosopher i in episode e gets A(e, i).
 * `step` (GiGPO, arXiv 2505.10978): turns of different episodes in which the
   same seat saw the same table state (`state_key`) form a step group; the
   philosopher's discounted return from that turn on (`turn_returns`) is
   normalised within it; the turn's advantage is the episode advantage plus
   `weight` times that step advantage. A step group of one contributes 0.
+* `agent-turn` (AT-GRPO, arXiv 2510.11062): philosopher i's t-th turn in each
+  episode of the group form one comparison group (the episodes share seed and
+  configuration); the same discounted return from the turn on is normalised
+  within it, and is the turn's advantage. A group of one (only one episode
+  lasted that long) gives 0.
+* `counterfactual`: the turn's difference from its counterfactual baseline
+  (`dphil.train.counterfactual`: the round replayed with the seat's other
+  actions, the others' fixed), normalised over all the turns of the group.
 
 A comparison group whose returns all tie gives zero advantages and is counted
 in `tied` (never a division by zero). `scale=False` drops the division by the
@@ -26,15 +36,32 @@ standard deviation everywhere (Dr. GRPO's r - mean).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dphil.core.episode import recorded_winner
-from dphil.core.protocols import IDLE_ACTIONS, PICK_LEFT, PICK_RIGHT
-from dphil.core.table import Table
-from dphil.scoring.reward import TERMS
+from dphil.train.blame import BLAME_RULE
+from dphil.train.counterfactual import counterfactual_differences
 from dphil.train.grpo import GroupAdvantages, group_advantages
+from dphil.train.replay import state_keys
+from dphil.train.returns import SEAT_SHARES, philosopher_returns, turn_returns
+
+# Re-exported: the per-seat returns and state keys have lived here since the modes began.
+__all__ = [
+    "DEFAULT_GAMMA",
+    "DEFAULT_WEIGHT",
+    "MODES",
+    "SEAT_SHARES",
+    "AdvantageSpec",
+    "CreditMode",
+    "TurnAdvantages",
+    "keyed_advantages",
+    "modes_using",
+    "philosopher_returns",
+    "state_keys",
+    "turn_advantages",
+    "turn_returns",
+]
 
 DEFAULT_GAMMA = 0.95  # GiGPO's discount
 DEFAULT_WEIGHT = 1.0  # GiGPO's omega
@@ -57,10 +84,14 @@ class AdvantageSpec:
             raise ValueError(f"the step weight must be a finite number >= 0, not {self.weight!r}")
 
     def as_record(self) -> dict[str, Any]:
-        """The mode and the parameters it uses (step alone uses gamma and weight)."""
-        if self.mode == "step":
-            return {"mode": self.mode, "gamma": self.gamma, "weight": self.weight}
-        return {"mode": self.mode}
+        """The mode, the parameters it uses (`CreditMode.params`) and its blame rule, if any.
+
+        The blame rule is recorded so that a run started under an earlier rule (only the seat
+        that closed the cycle) refuses to resume under this one instead of mixing the two.
+        """
+        mode = MODES[self.mode]
+        blame = {"blame": BLAME_RULE} if mode.blame else {}
+        return {"mode": self.mode, **{p: getattr(self, p) for p in mode.params}, **blame}
 
 
 @dataclass
@@ -69,9 +100,10 @@ class TurnAdvantages:
 
     turns: list[list[float]]  # [episode][turn], aligned with record["turns"]
     episode: list[float]  # the episode-level advantages
-    groups: int  # comparison groups: 1 (episode), seats (philosopher), step groups of >= 2 (step)
+    # comparison groups: 1 (episode, counterfactual), seats (philosopher), groups of >= 2 (step, agent-turn)
+    groups: int
     tied: int  # of those, groups whose returns all tie (zero advantages)
-    singletons: int = 0  # step mode: turns whose state no other episode of the group saw
+    singletons: int = 0  # step, agent-turn: turns no other episode of the group could be compared with
     episode_tied: bool = False  # every episode of the group scored the same (zero_std)
 
 
@@ -80,9 +112,36 @@ def turn_advantages(records: Sequence[dict[str, Any]], spec: AdvantageSpec, *, s
     if not records:
         raise ValueError("a group needs at least one episode")
     ep = group_advantages([r["reward"]["total"] for r in records], scale=scale)
-    out = MODES[spec.mode](records, ep, spec, scale)
+    out = MODES[spec.mode].assign(records, ep, spec, scale)
     out.episode_tied = ep.zero_std
     return out
+
+
+def keyed_advantages(
+    keys: Sequence[Sequence[Hashable]], values: Sequence[Sequence[float]], *, scale: bool = True
+) -> tuple[list[list[float]], int, int, int]:
+    """Normalise values within the groups of equal keys: ([episode][turn] advantages, groups, tied, singletons).
+
+    Turns with the same key (across and within episodes) form one comparison
+    group, normalised as `group_advantages` does; a key seen once gives 0 and is
+    counted in `singletons`, a group whose values all tie gives zeros and is counted in `tied`.
+    """
+    members: dict[Hashable, list[tuple[int, int, float]]] = {}
+    for e, (ks, vs) in enumerate(zip(keys, values, strict=True)):
+        for k, (key, v) in enumerate(zip(ks, vs, strict=True)):
+            members.setdefault(key, []).append((e, k, v))
+    out = [[0.0] * len(vs) for vs in values]
+    groups = tied = singletons = 0
+    for group in members.values():
+        if len(group) < 2:
+            singletons += 1
+            continue
+        groups += 1
+        adv = group_advantages([v for _, _, v in group], scale=scale)
+        tied += adv.zero_std
+        for (e, k, _), a in zip(group, adv.advantages, strict=True):
+            out[e][k] = a
+    return out, groups, tied, singletons
 
 
 def _episode(
@@ -115,32 +174,86 @@ def _philosopher(
 def _step(records: Sequence[dict[str, Any]], ep: GroupAdvantages, spec: AdvantageSpec, scale: bool) -> TurnAdvantages:
     episode = ep.advantages
     _same_n(records)
-    members: dict[tuple, list[tuple[int, int, float]]] = {}
-    for e, r in enumerate(records):
-        for k, (key, ret) in enumerate(zip(state_keys(r), turn_returns(r, spec.gamma), strict=True)):
-            members.setdefault(key, []).append((e, k, ret))
-    step = [[0.0] * len(r["turns"]) for r in records]
-    groups = tied = singletons = 0
-    for group in members.values():
-        if len(group) < 2:
-            singletons += 1
-            continue
-        groups += 1
-        adv = group_advantages([ret for _, _, ret in group], scale=scale)
-        tied += adv.zero_std
-        for (e, k, _), a in zip(group, adv.advantages, strict=True):
-            step[e][k] = a
+    step, groups, tied, singletons = keyed_advantages(
+        [state_keys(r) for r in records], [turn_returns(r, spec.gamma) for r in records], scale=scale
+    )
     turns = [[episode[e] + spec.weight * a for a in step[e]] for e in range(len(records))]
     return TurnAdvantages(turns, episode, groups, tied, singletons)
 
 
-# The credit modes, name -> implementation: the one home the CLI's choices
-# (`dphil-train --advantage`), the spec's check and the ART backend derive from.
-MODES: dict[str, Callable[[Sequence[dict[str, Any]], GroupAdvantages, AdvantageSpec, bool], TurnAdvantages]] = {
-    "episode": _episode,
-    "philosopher": _philosopher,
-    "step": _step,
+def _agent_turn(
+    records: Sequence[dict[str, Any]], ep: GroupAdvantages, spec: AdvantageSpec, scale: bool
+) -> TurnAdvantages:
+    _same_n(records)
+    turns, groups, tied, singletons = keyed_advantages(
+        [agent_turn_keys(r) for r in records], [turn_returns(r, spec.gamma) for r in records], scale=scale
+    )
+    return TurnAdvantages(turns, ep.advantages, groups, tied, singletons)
+
+
+def agent_turn_keys(record: dict[str, Any]) -> list[tuple[int, int]]:
+    """(philosopher, how many turns it had taken before) for each turn: AT-GRPO's group key."""
+    seen: dict[int, int] = {}
+    out = []
+    for t in record["turns"]:
+        i = t["philosopher"]
+        out.append((i, seen.get(i, 0)))
+        seen[i] = seen.get(i, 0) + 1
+    return out
+
+
+def _counterfactual(
+    records: Sequence[dict[str, Any]], ep: GroupAdvantages, spec: AdvantageSpec, scale: bool
+) -> TurnAdvantages:
+    _same_n(records)
+    diffs = [counterfactual_differences(r) for r in records]
+    flat = [d for ds in diffs for d in ds]
+    if not flat:
+        return TurnAdvantages([[] for _ in records], ep.advantages, 1, 1)
+    adv = group_advantages(flat, scale=scale)
+    turns, k = [], 0
+    for ds in diffs:
+        turns.append(adv.advantages[k : k + len(ds)])
+        k += len(ds)
+    return TurnAdvantages(turns, ep.advantages, 1, int(adv.zero_std))
+
+
+@dataclass(frozen=True)
+class CreditMode:
+    """One credit mode: its function, the one line `dphil-train --help` shows, the spec fields it uses."""
+
+    assign: Callable[[Sequence[dict[str, Any]], GroupAdvantages, AdvantageSpec, bool], TurnAdvantages]
+    summary: str
+    params: tuple[str, ...] = ()
+    blame: bool = False  # splits a deadlock's cost among the seats (`blame.BLAME_RULE`)
+
+
+# The credit modes, name -> mode: the one home the CLI's choices and help (`dphil-train
+# --advantage`), the spec's check, the records and the ART backend derive from.
+MODES: dict[str, CreditMode] = {
+    "episode": CreditMode(_episode, "every turn gets its episode's group advantage, the study's"),
+    "philosopher": CreditMode(_philosopher, "each philosopher's own share of the reward, per seat", blame=True),
+    "step": CreditMode(
+        _step,
+        "GiGPO: episode advantage + weight x advantage among turns that saw the same state",
+        ("gamma", "weight"),
+        blame=True,
+    ),
+    "agent-turn": CreditMode(
+        _agent_turn,
+        "AT-GRPO: each seat's return from its t-th turn, compared across the group",
+        ("gamma",),
+        blame=True,
+    ),
+    "counterfactual": CreditMode(
+        _counterfactual, "the round's outcome minus its mean over the seat's other actions, others fixed"
+    ),
 }
+
+
+def modes_using(param: str) -> list[str]:
+    """The modes whose spec uses `param` (gamma, weight): who a --advantage-<param> applies to."""
+    return [name for name, m in MODES.items() if param in m.params]
 
 
 def _same_n(records: Sequence[dict[str, Any]]) -> int:
@@ -148,230 +261,3 @@ def _same_n(records: Sequence[dict[str, Any]]) -> int:
     if len(sizes) != 1:
         raise ValueError(f"a group's episodes must share a table size, not {sorted(sizes)}")
     return sizes.pop()
-
-
-# -- per-philosopher returns ---------------------------------------------------------------------
-
-
-def philosopher_returns(record: dict[str, Any]) -> list[float]:
-    """Philosopher i's share of its episode's reward; their mean over the table is the reward.
-
-    With the record's weights (alpha, beta, gamma, delta), N philosophers, R
-    configured rounds, M_i the meals of i and M the mean of M_i:
-
-        R_i = alpha * nd_i + beta * M_i / R - gamma * (M_i - M)^2 - delta * idle_i
-
-    * nd_i, the no-deadlock share: the episode's no-deadlock term when it did
-      not deadlock (1, or 0 when the shaped reward's meal floor was missed).
-      After a deadlock, 1 - N * b_i, where the blame b_i is split equally
-      among the philosophers whose pick-up succeeded in the first deadlock
-      round (they completed the cycle), or among all N if none did; the
-      others keep 1. The shares average to 0, the episode's term.
-    * idle_i = N * idle turns of i / the reward's denominator (turns with an
-      action under `paper`, all turns under `shaped`, which also counts null
-      actions as idle), so the shares average to the episode's idle term.
-    """
-    return [sum(rs) for rs in _round_rewards(record)]
-
-
-def turn_returns(record: dict[str, Any], gamma: float) -> list[float]:
-    """The acting philosopher's discounted return from each turn on (aligned with `turns`).
-
-    A philosopher's reward in round t is beta * (meals eaten in t) / R minus
-    delta times its idle share of the turn; the no-deadlock share and the
-    fairness term are paid in the last round played, except a deadlock's blame
-    share, paid in the first deadlock round. Undiscounted (gamma = 1), the
-    return from a philosopher's first turn is its `philosopher_returns`.
-    """
-    rewards = _round_rewards(record)
-    out = []
-    for t in record["turns"]:
-        rs = rewards[t["philosopher"]]
-        start = t["round"] - 1
-        g, ret = 1.0, 0.0
-        for x in rs[start:]:
-            ret += g * x
-            g *= gamma
-        out.append(ret)
-    return out
-
-
-def _round_rewards(record: dict[str, Any]) -> list[list[float]]:
-    """[philosopher][round - 1]: each philosopher's reward per round played (see turn_returns).
-
-    The sum over the reward's terms (`dphil.scoring.reward.TERMS`) of each term's
-    signed, weighted per-seat share (`SEAT_SHARES`).
-    """
-    reward = record["reward"]
-    w = reward["weights"]
-    seats = _Seats(record, _replay(record))
-    out = [[0.0] * seats.played for _ in range(seats.n)]
-    if not seats.played:
-        return out
-    for term in TERMS:
-        for i, row in enumerate(SEAT_SHARES[term.name](seats, w[term.weight])):
-            for r, x in enumerate(row):
-                out[i][r] += term.sign * x
-    return out
-
-
-@dataclass
-class _Seats:
-    """What the per-seat shares of one scored episode are computed from."""
-
-    record: dict[str, Any]
-    replay: _Replayed
-
-    @property
-    def n(self) -> int:
-        return self.record["n"]
-
-    @property
-    def played(self) -> int:
-        return len(self.replay.meals_by_round)
-
-    def zeros(self) -> list[list[float]]:
-        return [[0.0] * self.played for _ in range(self.n)]
-
-    def meals(self) -> list[int]:
-        return [sum(col) for col in zip(*self.replay.meals_by_round, strict=True)]
-
-
-def _no_deadlock_shares(s: _Seats, weight: float) -> list[list[float]]:
-    """The episode's no-deadlock term (1, or 0 below the shaped meal floor) in the last round
-    played; after a deadlock, 1 - N * blame in the first deadlock round, the blame split equally
-    among the philosophers whose pick-up completed the cycle (all N if none did)."""
-    out, n = s.zeros(), s.n
-    if s.replay.deadlock_round is None:
-        shares = [s.record["reward"]["components"]["no_deadlock"]] * n
-        pay_at = s.played - 1
-    else:
-        blamed = s.replay.completers or list(range(n))
-        shares = [1.0 - (n / len(blamed) if i in blamed else 0.0) for i in range(n)]
-        pay_at = s.replay.deadlock_round - 1
-    for i in range(n):
-        out[i][pay_at] = weight * shares[i]
-    return out
-
-
-def _throughput_shares(s: _Seats, weight: float) -> list[list[float]]:
-    """Meals eaten by the seat in each round over the configured rounds R."""
-    out, rounds = s.zeros(), s.record["rounds"]
-    for r, eaten in enumerate(s.replay.meals_by_round):
-        for i in range(s.n):
-            out[i][r] = weight * eaten[i] / rounds
-    return out
-
-
-def _fairness_shares(s: _Seats, weight: float) -> list[list[float]]:
-    """(M_i - M)^2 in the last round played: the shares average to the meals' variance."""
-    out, meals = s.zeros(), s.meals()
-    mean_meals = sum(meals) / s.n
-    for i in range(s.n):
-        out[i][s.played - 1] = weight * (meals[i] - mean_meals) ** 2
-    return out
-
-
-def _idle_shares(s: _Seats, weight: float) -> list[list[float]]:
-    """N / the reward's denominator for each idle turn (`paper`: turns with an action, idle =
-    the protocol's idle action; `shaped`: all turns, null actions idle too)."""
-    record, out = s.record, s.zeros()
-    idle_action = IDLE_ACTIONS[record["protocol"]]
-    turns = record["turns"]
-    if record["reward"]["variant"] == "paper":
-        denom = sum(1 for t in turns if t["action"] is not None)
-        idle_actions: tuple[str | None, ...] = (idle_action,)
-    else:
-        denom = len(turns)
-        idle_actions = (idle_action, None)
-    for t in turns:
-        if t["action"] in idle_actions:
-            out[t["philosopher"]][t["round"] - 1] += weight * s.n / denom
-    return out
-
-
-# Each reward term's per-seat share, [philosopher][round - 1], weighted: averaged over the
-# seats and summed over the rounds it is that term of the episode reward. Keyed by
-# `TERMS`' names; a test fails when a term is missing here.
-SEAT_SHARES: dict[str, Callable[[_Seats, float], list[list[float]]]] = {
-    "no_deadlock": _no_deadlock_shares,
-    "throughput": _throughput_shares,
-    "fairness": _fairness_shares,
-    "idle": _idle_shares,
-}
-
-
-# -- table states ----------------------------------------------------------------------------------
-
-
-def state_keys(record: dict[str, Any]) -> list[tuple]:
-    """What the acting seat saw before each turn (aligned with `turns`): its step-group key.
-
-    (seat, round, holds left fork, holds right fork, left fork free, right fork
-    free, own meals so far, eating): the table as the observation shows it,
-    without the last action's outcome (the same state reached by different
-    histories is the same state, as in GiGPO's anchor states). The round is in
-    the key because the horizon is finite: the same forks in round 2 and in
-    round 7 have different futures.
-    """
-    return _replay(record).keys
-
-
-@dataclass
-class _Replayed:
-    keys: list[tuple]
-    meals_by_round: list[list[int]]
-    deadlock_round: int | None
-    completers: list[int]
-
-
-def _replay(record: dict[str, Any]) -> _Replayed:
-    """Play a record's turns through the table again, noting what each seat saw and ate."""
-    n = record["n"]
-    turns = record["turns"]
-    if len(turns) % n:
-        raise ValueError("an episode's turns must hold one turn per philosopher per round")
-    chunk: list[dict[str, Any]] = []
-    table = Table(
-        n,
-        record["rounds"],
-        protocol=record["protocol"],
-        deadlock_mode=record.get("deadlock_mode", "terminal"),
-        resolve=recorded_winner(record, chunk),
-    )
-    keys: list[tuple] = []
-    meals_by_round: list[list[int]] = []
-    deadlock_round = None
-    completers: list[int] = []
-    simultaneous = record["schedule"] == "simultaneous"
-    for k in range(0, len(turns), n):
-        chunk[:] = turns[k : k + n]
-        before = list(table.meals)
-        actions: list[str | None] = [None] * n
-        for t in chunk:
-            actions[t["philosopher"]] = t["action"]
-        seen: dict[int, tuple] = {}
-        if simultaneous:
-            for i in range(n):
-                seen[i] = _key(table, i)
-            table.resolve_round(actions)
-        else:
-            for i in range(n):
-                seen[i] = _key(table, i)
-                table.act(i, actions[i])
-        keys.extend(seen[t["philosopher"]] for t in chunk)
-        rnd = table.round
-        if table.end_round() and deadlock_round is None:
-            deadlock_round = rnd
-            completers = sorted(
-                t["philosopher"]
-                for t in chunk
-                if t["ok"] and t["action"] is not None and table.code(t["action"]) in (PICK_LEFT, PICK_RIGHT)
-            )
-        meals_by_round.append([a - b for a, b in zip(table.meals, before, strict=True)])
-    return _Replayed(keys, meals_by_round, deadlock_round, completers)
-
-
-def _key(table: Table, i: int) -> tuple:
-    o = table.observe(i)
-    return (i, o.round, o.holds_left, o.holds_right, o.left_free, o.right_free, o.meals, o.eating)

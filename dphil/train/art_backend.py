@@ -20,7 +20,8 @@ handed to it as groups whose ART advantages are exactly dphil's:
   scenario.
 * `philosopher`: the same trajectories with each philosopher's own return, one
   group per scenario and seat (ART's normalisation is dphil's per-seat one).
-* `step`: one trajectory per turn (the conversation up to that reply, earlier
+* `step`, `agent-turn`, `counterfactual` (a turn's advantage is its own): one
+  trajectory per turn (the conversation up to that reply, earlier
   replies as plain messages so only this one is trained) with the turn's
   advantage as its reward, one group per scenario balanced to mean 0 by a
   trajectory with nothing to train, and `scale_rewards=False`. Episodes are
@@ -240,7 +241,7 @@ def _philosopher_groups(art: Any, g: Any, scenario: str, tools: Any) -> list[Any
     return list(seat_groups(art, per_episode, scenario))
 
 
-def _step_groups(art: Any, g: Any, scenario: str, tools: Any) -> list[Any]:
+def _turn_groups(art: Any, g: Any, scenario: str, tools: Any) -> list[Any]:
     trajectories = [
         t
         for ep, advs in zip(g.episodes, g.turn_advantages, strict=True)
@@ -251,7 +252,13 @@ def _step_groups(art: Any, g: Any, scenario: str, tools: Any) -> list[Any]:
 
 # How each credit mode (`dphil.train.advantages.MODES`) becomes ART trajectory groups; a mode
 # missing here fails loudly in `art_groups`, and a test holds the keys to MODES.
-ART_GROUPS = {"episode": _episode_groups, "philosopher": _philosopher_groups, "step": _step_groups}
+ART_GROUPS = {
+    "episode": _episode_groups,
+    "philosopher": _philosopher_groups,
+    "step": _turn_groups,
+    "agent-turn": _turn_groups,
+    "counterfactual": _turn_groups,
+}
 
 
 def choice_message(choice: Any) -> dict[str, Any]:
@@ -392,7 +399,8 @@ class ArtBackend:
     def train_groups(self, groups: Sequence[Any], *, step: int) -> dict[str, float]:
         mode = self.settings.advantage
         tgroups = art_groups(self.art, groups, mode)
-        extra: dict[str, Any] = {"scale_rewards": False} if mode == "step" else {}
+        # Per-turn groups carry dphil's advantages as rewards: ART must not rescale them.
+        extra: dict[str, Any] = {"scale_rewards": False} if ART_GROUPS.get(mode) is _turn_groups else {}
         self.loop.run_until_complete(
             self.backend.train(self.model, tgroups, learning_rate=self.settings.learning_rate, **extra)
         )

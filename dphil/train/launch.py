@@ -16,7 +16,7 @@ from dphil.io.errors import UsageError
 from dphil.io.jsonl import RecordWriter
 from dphil.rollout.grid import parse_int_list
 from dphil.scoring.request import RewardRequest
-from dphil.train.advantages import AdvantageSpec
+from dphil.train.advantages import MODES, AdvantageSpec, modes_using
 from dphil.train.curriculum import parse_curriculum
 from dphil.train.loop import Progress, TrainConfig, default_val_seeds, derive_seed, run_training
 from dphil.train.run_dir import load_journal, recorded_run_name, trim_episodes
@@ -65,8 +65,8 @@ class TrainRequest:
     reward: RewardRequest = field(default_factory=RewardRequest)
     scale_advantages: bool = True
     advantage: str = "episode"  # a name of dphil.train.advantages.MODES
-    advantage_gamma: float | None = None  # step only [default: advantages.DEFAULT_GAMMA]
-    advantage_weight: float | None = None  # step only [default: advantages.DEFAULT_WEIGHT]
+    advantage_gamma: float | None = None  # modes_using('gamma') only [default: advantages.DEFAULT_GAMMA]
+    advantage_weight: float | None = None  # modes_using('weight') only [default: advantages.DEFAULT_WEIGHT]
     # the adapter and the optimiser
     lora_rank: int = 8
     lora_alpha: int | None = None  # [default: 2 x lora_rank]
@@ -169,10 +169,11 @@ def build_advantage(req: TrainRequest) -> AdvantageSpec:
     """--advantage and its parameters; a parameter the mode does not use is a usage error."""
     mode = req.advantage or "episode"
     gamma, weight = req.advantage_gamma, req.advantage_weight
-    if mode != "step":
-        given = [o for o, v in (("--advantage-gamma", gamma), ("--advantage-weight", weight)) if v is not None]
-        if given:
-            raise UsageError(f"{given[0]} applies only to --advantage step, not {mode}")
+    if mode in MODES:  # an unknown mode is refused by the spec below
+        for param, value in (("gamma", gamma), ("weight", weight)):
+            if value is not None and param not in MODES[mode].params:
+                users = " or ".join(modes_using(param))
+                raise UsageError(f"--advantage-{param} applies only to --advantage {users}, not {mode}")
     try:
         return AdvantageSpec(
             mode=mode,

@@ -24,6 +24,8 @@ pytest.importorskip("peft")
         (["--advantage", "step", "--advantage-weight", "inf"], "weight"),
         (["--advantage", "philosopher", "--advantage-gamma", "0.9"], "only to --advantage step"),
         (["--advantage-weight", "0.5"], "only to --advantage step"),
+        (["--advantage", "counterfactual", "--advantage-gamma", "0.9"], "only to --advantage step or agent-turn"),
+        (["--advantage", "agent-turn", "--advantage-weight", "0.5"], "only to --advantage step, not agent-turn"),
     ],
 )
 def test_bad_advantage_options_exit_64_before_loading_a_model(tmp_path, extra, match):
@@ -57,14 +59,14 @@ def test_step_mode_is_recorded_in_every_checkpoint_and_the_run_settings(tiny, pr
     schema = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "checkpoint.schema.json").read_text())
     validator = jsonschema.Draft202012Validator(schema).validate
     for r in records:
-        assert r["advantage"] == {"mode": "step", "gamma": 0.9, "weight": 0.5}
+        assert r["advantage"] == {"mode": "step", "gamma": 0.9, "weight": 0.5, "blame": "hold-and-wait"}
         # Round 1 is the same state for every seat of every episode of a group: a step group each.
         assert r["advantage_groups"] >= 2 * 3
         assert 0 <= r["advantage_tied_groups"] <= r["advantage_groups"]
         assert r["trained_samples"] > 0
         validator(r)
     settings = json.loads((run_dir / "run.json").read_text())
-    assert settings["advantage"] == {"mode": "step", "gamma": 0.9, "weight": 0.5}
+    assert settings["advantage"] == {"mode": "step", "gamma": 0.9, "weight": 0.5, "blame": "hold-and-wait"}
     # Resuming under another credit assignment is refused, naming it.
     bad, recs = invoke(
         base_args(tiny, prompt_file, run_dir, "--steps", "3", "--rounds", "3", "--advantage", "philosopher")
@@ -75,12 +77,36 @@ def test_step_mode_is_recorded_in_every_checkpoint_and_the_run_settings(tiny, pr
 def test_philosopher_mode_and_the_default(tiny, prompt_file, tmp_path):
     result, records = invoke(base_args(tiny, prompt_file, tmp_path / "p", "--steps", "1", "--advantage", "philosopher"))
     assert result.exit_code == 0, result.stderr
-    assert records[0]["advantage"] == {"mode": "philosopher"}
+    assert records[0]["advantage"] == {"mode": "philosopher", "blame": "hold-and-wait"}
     assert records[0]["advantage_groups"] == 2 * 3  # groups x seats
     result, records = invoke(base_args(tiny, prompt_file, tmp_path / "e", "--steps", "1"))
     assert records[0]["advantage"] == {"mode": "episode"}
     assert records[0]["advantage_groups"] == 2
     assert records[0]["advantage_tied_groups"] == records[0]["zero_std_groups"]
+
+
+@pytest.mark.parametrize(
+    "extra,recorded",
+    [
+        (
+            ["--advantage", "agent-turn", "--advantage-gamma", "0.9"],
+            {"mode": "agent-turn", "gamma": 0.9, "blame": "hold-and-wait"},
+        ),
+        (["--advantage", "counterfactual"], {"mode": "counterfactual"}),
+    ],
+)
+def test_the_new_modes_train_and_are_recorded(tiny, prompt_file, tmp_path, extra, recorded):
+    import jsonschema
+
+    run_dir = tmp_path / "run"
+    result, records = invoke(base_args(tiny, prompt_file, run_dir, "--steps", "1", "--rounds", "2", *extra))
+    assert result.exit_code == 0, result.stderr
+    schema = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "checkpoint.schema.json").read_text())
+    for r in records:
+        assert r["advantage"] == recorded
+        assert 0 <= r["advantage_tied_groups"] <= r["advantage_groups"]
+        jsonschema.Draft202012Validator(schema).validate(r)
+    assert json.loads((run_dir / "run.json").read_text())["advantage"] == recorded
 
 
 def test_a_run_from_before_advantages_resumes_as_episode(tiny, prompt_file, tmp_path):
@@ -95,6 +121,20 @@ def test_a_run_from_before_advantages_resumes_as_episode(tiny, prompt_file, tmp_
     assert [r["step"] for r in recs] == [2]
     bad, _ = invoke(base_args(tiny, prompt_file, run_dir, "--steps", "3", "--advantage", "step"))
     assert bad.exit_code == 64
+
+
+def test_a_run_under_the_old_blame_rule_refuses_to_resume(tiny, prompt_file, tmp_path):
+    """A philosopher run recorded before the blame rule was named trained under the old rule."""
+    run_dir = tmp_path / "old-blame"
+    ok, _ = invoke(base_args(tiny, prompt_file, run_dir, "--steps", "1", "--advantage", "philosopher"))
+    assert ok.exit_code == 0, ok.stderr
+    settings = json.loads((run_dir / "run.json").read_text())
+    assert settings["advantage"] == {"mode": "philosopher", "blame": "hold-and-wait"}
+    settings["advantage"] = {"mode": "philosopher"}  # as dphil-train wrote it under the old rule
+    (run_dir / "run.json").write_text(json.dumps(settings))
+    bad, recs = invoke(base_args(tiny, prompt_file, run_dir, "--steps", "2", "--advantage", "philosopher"))
+    assert bad.exit_code == 64 and recs == []
+    assert "advantage" in bad.stderr and "hold-and-wait" in bad.stderr
 
 
 def test_peft_trains_on_each_turn_with_its_own_advantage(tiny, prompt_file, tmp_path):

@@ -19,7 +19,9 @@ from dphil.core.records import EpisodeConfig, episode_record
 from dphil.scoring.reward import RewardSpec
 from dphil.scoring.score import score_record
 from dphil.train.advantages import (
+    MODES,
     AdvantageSpec,
+    agent_turn_keys,
     philosopher_returns,
     state_keys,
     turn_advantages,
@@ -59,6 +61,11 @@ def play(
 # e1: 0 picks up both forks and eats while 1 thinks: meals [1, 0], no deadlock.
 # e2: both pick up their left fork in round 1: deadlock, both completed it.
 # e3: 1 picks up its left fork, then 0 picks up its left fork in round 2 and completes the deadlock.
+#
+# The deadlock blame is shared by every holder in the cycle in proportion to its rounds of holding
+# one fork and waiting for the other (dphil.train.blame). Before, it fell only on whoever completed
+# the cycle: in e3 philosopher 0 took all of it (nd = [-1, 1]) though 1 had held its fork a round
+# longer; the e3 numbers below changed with that rule (e1 and e2 did not).
 def group():
     e1 = play([["pick-up-left", "think"], ["pick-up-right", "think"], ["eat", "think"]])
     e2 = play([["pick-up-left", "pick-up-left"]])
@@ -79,9 +86,10 @@ def test_hand_computed_rewards_and_philosopher_returns():
     # e2: both completed the deadlock, blame 1/2 each: nd_i = 1 - 2*(1/2) = 0
     assert e2["reward"]["total"] == 0.0
     assert philosopher_returns(e2) == [0.0, 0.0]
-    # e3: only 0 completed it: nd_0 = 1 - 2 = -1, nd_1 = 1; each thought once: idle share 2*1/4
+    # e3: 1 held and waited 2 rounds, 0 one round: blame [1/3, 2/3], nd_i = 1 - 2*b_i = [1/3, -1/3];
+    # each thought once: idle share 0.1*2*1/4 = 0.05
     assert e3["reward"]["total"] == pytest.approx(-0.05, abs=1e-9)
-    assert philosopher_returns(e3) == pytest.approx([-1.05, 0.95], abs=1e-9)
+    assert philosopher_returns(e3) == pytest.approx([1 / 3 - 0.05, -1 / 3 - 0.05], abs=1e-9)
 
 
 def test_hand_computed_discounted_returns_and_state_keys():
@@ -91,9 +99,9 @@ def test_hand_computed_discounted_returns_and_state_keys():
     assert r1[(0, 1)] == pytest.approx(0.25 * 1.091667, abs=1e-6)
     assert r1[(1, 1)] == pytest.approx(-1 / 30 - 1 / 60 + 0.25 * 0.891667, abs=1e-6)
     assert r1[(0, 3)] == pytest.approx(1.091667, abs=1e-6)
-    # e3: p0 [-0.05 (think), -1 (its blame, in the deadlock round)]; p1 [0, -0.05 + 1]
+    # e3: p0 [-0.05 (think), 1/3 (its blame share, in the deadlock round)]; p1 [0, -0.05 - 1/3]
     r3 = by_seat_round(e3, turn_returns(e3, 0.5))
-    assert r3[(0, 1)] == pytest.approx(-0.55) and r3[(1, 1)] == pytest.approx(0.475)
+    assert r3[(0, 1)] == pytest.approx(-0.05 + 0.5 / 3) and r3[(1, 1)] == pytest.approx(0.5 * (-0.05 - 1 / 3))
     k1 = by_seat_round(e1, state_keys(e1))
     # (seat, round, holds left, holds right, left free, right free, meals, eating)
     assert k1[(0, 1)] == (0, 1, False, False, True, True, 0, False)
@@ -113,16 +121,17 @@ def test_hand_computed_episode_advantages():
 def test_hand_computed_philosopher_advantages():
     eps = group()
     adv = turn_advantages(eps, AdvantageSpec("philosopher"))
-    # seat 0 returns [1.091667, 0, -1.05]: mean 0.013889, std 0.874257
-    # seat 1 returns [0.825, 0, 0.95]:      mean 0.591667, std 0.421471
-    seat0 = [1.232608, -0.015884, -1.216724]
-    seat1 = [0.553614, -1.403806, 0.850192]
+    # seat 0 returns [1.091667, 0, 0.283333]:  mean 0.458333, std 0.462531
+    # seat 1 returns [0.825, 0, -0.383333]:    mean 0.147222, std 0.504165
+    seat0 = [1.369274, -0.990922, -0.378352]
+    seat1 = [1.344355, -0.292012, -1.052344]
     for e, record in enumerate(eps):
         got = by_seat_round(record, adv.turns[e])
         for (i, _), a in got.items():
             assert a == pytest.approx((seat0, seat1)[i][e], abs=1e-6)
-    # e3's philosopher 0 completed the deadlock and is credited below its neighbour who waited
-    assert by_seat_round(eps[2], adv.turns[2])[(0, 2)] < by_seat_round(eps[2], adv.turns[2])[(1, 2)]
+    # e3's philosopher 1 grabbed first and held longest: it is now credited below philosopher 0,
+    # who completed the cycle (under the old rule, completer-only blame, it was the other way round)
+    assert by_seat_round(eps[2], adv.turns[2])[(0, 2)] > by_seat_round(eps[2], adv.turns[2])[(1, 2)]
     assert (adv.groups, adv.tied) == (2, 0)
 
 
@@ -130,11 +139,11 @@ def test_hand_computed_step_advantages():
     eps = group()
     adv = turn_advantages(eps, AdvantageSpec("step", gamma=0.5, weight=1.0))
     # Only round 1 repeats a state across episodes (one step group per seat):
-    # seat 0 returns [0.272917, 0, -0.55] -> step advantages [1.067301, 0.269869, -1.337170]
-    # seat 1 returns [0.172917, 0, 0.475] -> [-0.219342, -1.100247, 1.319589]
+    # seat 0 returns [0.272917, 0, 0.116667]: mean 0.129861, std 0.111808 -> [1.279467, -1.161458, -0.118009]
+    # seat 1 returns [0.172917, 0, -0.191667]: mean -0.00625, std 0.148906 -> [1.203211, 0.041972, -1.245183]
     episode = [1.412841, -0.652541, -0.760300]
-    step0 = [1.067301, 0.269869, -1.337170]
-    step1 = [-0.219342, -1.100247, 1.319589]
+    step0 = [1.279467, -1.161458, -0.118009]
+    step1 = [1.203211, 0.041972, -1.245183]
     for e, record in enumerate(eps):
         got = by_seat_round(record, adv.turns[e])
         assert got[(0, 1)] == pytest.approx(episode[e] + step0[e], abs=1e-5)
@@ -144,7 +153,7 @@ def test_hand_computed_step_advantages():
                 assert a == pytest.approx(episode[e], abs=1e-6)
     assert (adv.groups, adv.tied, adv.singletons) == (2, 0, 6)
     half = turn_advantages(eps, AdvantageSpec("step", gamma=0.5, weight=0.5))
-    assert by_seat_round(eps[0], half.turns[0])[(0, 1)] == pytest.approx(1.412841 + 0.5 * 1.067301, abs=1e-5)
+    assert by_seat_round(eps[0], half.turns[0])[(0, 1)] == pytest.approx(1.412841 + 0.5 * 1.279467, abs=1e-5)
 
 
 def test_unscaled_advantages_are_differences_from_the_mean():
@@ -152,7 +161,7 @@ def test_unscaled_advantages_are_differences_from_the_mean():
     assert adv.episode == pytest.approx([0.655556, -0.302778, -0.352778], abs=1e-6)
 
 
-@pytest.mark.parametrize("mode", ["episode", "philosopher", "step"])
+@pytest.mark.parametrize("mode", list(MODES))
 def test_a_group_whose_returns_all_tie_gets_zero_advantages_and_is_counted(mode):
     same = [play([["pick-up-left", "pick-up-left"]]) for _ in range(3)]
     adv = turn_advantages(same, AdvantageSpec(mode))
@@ -221,7 +230,7 @@ def test_philosopher_returns_average_to_the_episode_reward(eps):
 
 
 @settings(max_examples=150, deadline=None)
-@given(groups(), st.sampled_from(["episode", "philosopher", "step"]), st.booleans())
+@given(groups(), st.sampled_from(list(MODES)), st.booleans())
 def test_zero_sum_within_each_comparison_group(eps, mode, scale):
     spec = AdvantageSpec(mode, gamma=0.9, weight=0.7)
     adv = turn_advantages(eps, spec, scale=scale)
@@ -237,11 +246,15 @@ def test_zero_sum_within_each_comparison_group(eps, mode, scale):
                 per_seat.setdefault(i, []).append(a)
         for values in per_seat.values():
             assert sum(values) == pytest.approx(0.0, abs=1e-6)
+    elif mode == "counterfactual":  # one comparison group: every turn of the group
+        assert sum(a for turns in adv.turns for a in turns) == pytest.approx(0.0, abs=1e-6)
     else:
         per_key: dict[tuple, list[float]] = {}
+        keys, weight = (state_keys, spec.weight) if mode == "step" else (agent_turn_keys, 1.0)
         for k, (e, turns) in enumerate(zip(eps, adv.turns, strict=True)):
-            for key, a in zip(state_keys(e), turns, strict=True):
-                per_key.setdefault(key, []).append((a - adv.episode[k]) / spec.weight)
+            base = adv.episode[k] if mode == "step" else 0.0
+            for key, a in zip(keys(e), turns, strict=True):
+                per_key.setdefault(key, []).append((a - base) / weight)
         for values in per_key.values():
             assert sum(values) == pytest.approx(0.0, abs=1e-6)
             if len(values) == 1:
@@ -249,7 +262,7 @@ def test_zero_sum_within_each_comparison_group(eps, mode, scale):
 
 
 @settings(max_examples=100, deadline=None)
-@given(groups(), st.sampled_from(["episode", "philosopher", "step"]), st.randoms(use_true_random=False))
+@given(groups(), st.sampled_from(list(MODES)), st.randoms(use_true_random=False))
 def test_reordering_the_episodes_reorders_the_advantages(eps, mode, rnd):
     order = list(range(len(eps)))
     rnd.shuffle(order)
@@ -262,9 +275,12 @@ def test_reordering_the_episodes_reorders_the_advantages(eps, mode, rnd):
 
 
 @settings(max_examples=60, deadline=None)
-@given(groups(), st.sampled_from(["episode", "philosopher", "step"]))
+@given(groups(), st.sampled_from(list(MODES)))
 def test_copies_of_one_episode_tie_everywhere(eps, mode):
     copies = [eps[0]] * len(eps)
     adv = turn_advantages(copies, AdvantageSpec(mode))
+    if mode == "counterfactual":  # its comparison group is the turns, which differ: copies just agree
+        assert all(turns == adv.turns[0] for turns in adv.turns)
+        return
     assert all(a == 0.0 for turns in adv.turns for a in turns)
     assert adv.tied == adv.groups

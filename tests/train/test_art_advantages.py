@@ -52,21 +52,22 @@ for rec in eps:
         h.append({"role": "tool", "tool_call_id": "c", "content": "Action received."})
     played.append(Played(cfg, rec, histories=hist))
 tok = AutoTokenizer.from_pretrained(build_tiny_model(pathlib.Path(tempfile.mkdtemp()) / "t"))
-for mode, n_groups in (("episode", 1), ("philosopher", 2), ("step", 1)):
+per_turn = ("step", "agent-turn", "counterfactual")  # a turn's advantage is its own
+for mode, n_groups in (("episode", 1), ("philosopher", 2), *((m, 1) for m in per_turn)):
     adv = turn_advantages(eps, AdvantageSpec(mode, gamma=0.5))
     g = ScoredGroup(played, [e["reward"]["total"] for e in eps], adv.episode, adv.episode_tied,
                     adv.turns, adv.groups, adv.tied)
     tgroups = art_groups(art, [g], mode)
     assert len(tgroups) == n_groups, (mode, len(tgroups))
-    if mode == "step":
+    if mode in per_turn:
         for t in tgroups[0].trajectories:
             choices = [m for m in t.messages_and_choices if not isinstance(m, dict)]
             assert len(choices) == (0 if t.metadata.get("padding") else 1), t.metadata
     got = sorted(r.advantage for r in tokenize_trajectory_groups(
-        tok, tgroups, allow_training_without_logprobs=False, scale_rewards=mode != "step",
+        tok, tgroups, allow_training_without_logprobs=False, scale_rewards=mode not in per_turn,
         shuffle_group_trajectories=False))
-    if mode == "step":
-        want = sorted(a for turns in adv.turns for a in turns)
+    if mode in per_turn:  # ART, like peft, trains nothing on a zero advantage (agent-turn's singletons)
+        want = sorted(a for turns in adv.turns for a in turns if a != 0.0)
     else:  # one trajectory per philosopher: its turns all share one advantage
         want = sorted({(e, t["philosopher"]): a for e, r in enumerate(eps)
                        for t, a in zip(r["turns"], adv.turns[e])}.values())
