@@ -257,6 +257,18 @@ def local_model_options(f: Callable[..., Any]) -> Callable[..., Any]:
     )(f)
 
 
+def max_new_tokens_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--max-new-tokens for dphil-rollout's local models (dphil-train declares its own)."""
+    return click.option(
+        "--max-new-tokens",
+        type=click.IntRange(min=1),
+        default=48,
+        show_default=True,
+        help="Local models, --decode free: most tokens generated per reply (a reply cut there is "
+        "marked truncated); enters the episode id when not 48.",
+    )(f)
+
+
 def reward_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """--reward/--shaped and one weight per reward term (dphil.scoring.reward.TERMS), passed on as `reward`.
 

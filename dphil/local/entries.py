@@ -17,6 +17,7 @@ from dphil.core.records import EpisodeConfig
 from dphil.io.errors import UsageError
 
 HF_PREFIX = "hf:"
+DEFAULT_MAX_NEW_TOKENS = 48  # --max-new-tokens; episode ids leave it out at this value (`LocalSettings.variant`)
 
 
 def is_local(model: str) -> bool:
@@ -25,14 +26,14 @@ def is_local(model: str) -> bool:
 
 @dataclass(frozen=True)
 class LocalSettings:
-    """How local models decide; all of it enters the episode id through `variant()`."""
+    """How local models decide; what can change an episode enters its id through `variant()`."""
 
     prompt: str = "default"
     prompt_file: str | None = None
     memory: str = "full"
     decode: str = "constrained"
     temperature: float = 1.0
-    max_new_tokens: int = 48
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     device: str = "auto"
     dtype: str = "auto"
     batch: int = 8
@@ -43,6 +44,8 @@ class LocalSettings:
             raise UsageError(f"--decode: expected constrained or free, got {self.decode!r}")
         if self.temperature < 0:
             raise UsageError("--temperature must be >= 0")
+        if self.max_new_tokens < 1:
+            raise UsageError("--max-new-tokens must be >= 1")
 
     def prompt_obj(self) -> Any:
         from dphil.agents.prompts import get_prompt
@@ -51,13 +54,20 @@ class LocalSettings:
 
     def variant(self) -> dict[str, Any]:
         prompt = self.prompt_obj()
-        return {
+        out: dict[str, Any] = {
             "prompt": prompt.name,
             "prompt_version": prompt.version,
             "memory": self.memory,
             "decode": self.decode,
             "temperature": self.temperature,
         }
+        # `max_new_tokens` joined the settings after episodes had been recorded without it: it
+        # enters the variant (and so the id) only when it can change the episode, i.e. under
+        # free decoding (constrained decoding generates no text) and away from the default 48
+        # those episodes were played with. Their ids, and --resume into their files, stay valid.
+        if self.decode == "free" and self.max_new_tokens != DEFAULT_MAX_NEW_TOKENS:
+            out["max_new_tokens"] = self.max_new_tokens
+        return out
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,13 @@ batch: that is what makes a local model fast enough to train with.
 
 Each played episode comes back as its record (the episode contract, with the
 raw reply per turn) and the Decisions behind its turns, which the trainer
-reweights.
+reweights. A turn's `latency_s` is the wall time of the batched model call that decided
+it, shared by every turn of that batch (not a per-turn time as for API models).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,12 +103,12 @@ def play_episodes(
     specs = {c.protocol: tool_specs(c.protocol) for c in configs} if tools else {}
     calls = 0
 
-    def decide(waiting: list[tuple[int, int]]) -> list[tuple[str, Decision]]:
+    def decide(waiting: list[tuple[int, int]]) -> list[tuple[str, Decision, float]]:
         nonlocal calls
         by_protocol: dict[str, list[int]] = {}
         for k, (e, _) in enumerate(waiting):
             by_protocol.setdefault(configs[e].protocol, []).append(k)
-        results: list[tuple[str, Decision] | None] = [None] * len(waiting)
+        results: list[tuple[str, Decision, float] | None] = [None] * len(waiting)
         for protocol, ks in by_protocol.items():
             actions = protocol_actions(protocol)
             texts, prompts = [], []
@@ -115,6 +117,7 @@ def play_episodes(
                 obs = observation_text(tables[e].observe(i), tools=tools)
                 texts.append(obs)
                 prompts.append(model.prompt_ids(seats[e][i].messages(obs, memory), specs.get(protocol)))
+            start = time.monotonic()
             got = model.decide(
                 prompts,
                 actions,
@@ -124,12 +127,14 @@ def play_episodes(
                 seed=seed * 1_000_003 + calls,
                 parse=lambda text, p=protocol: parse_reply(text, None, p).action,
             )
+            # Rounded as the API path rounds a call's latency (dphil.agents.llm).
+            latency = round(time.monotonic() - start, 4)
             calls += 1
             for k, obs, d in zip(ks, texts, got, strict=True):
-                results[k] = (obs, d)
+                results[k] = (obs, d, latency)
         return results  # type: ignore[return-value]
 
-    def record_turn(e: int, i: int, obs: str, d: Decision) -> dict[str, Any]:
+    def record_turn(e: int, i: int, obs: str, d: Decision, latency: float) -> dict[str, Any]:
         seats[e][i].exchanges.append((obs, d.text))
         decisions[e].append(d)
         # The same reading `parse` gave the action, kept as the API runner keeps it;
@@ -141,6 +146,8 @@ def play_episodes(
             "ignored_tool_calls": [] if decode == "constrained" else parsed.ignored,
             "prompt_tokens": len(d.prompt_ids),
             "completion_tokens": len(d.completion_ids),
+            # The wall time of the batched call that decided this turn, shared by all its turns.
+            "latency_s": latency,
         }
         if "action_probs" in d.extras:
             extra["action_probs"] = d.extras["action_probs"]
@@ -157,20 +164,20 @@ def play_episodes(
         if sim:
             waiting = [(e, i) for e in sim for i in range(configs[e].n)]
             chosen = decide(waiting)
-            per_episode: dict[int, list[tuple[int, str, Decision]]] = {}
-            for (e, i), (obs, d) in zip(waiting, chosen, strict=True):
-                per_episode.setdefault(e, []).append((i, obs, d))
+            per_episode: dict[int, list[tuple[int, str, Decision, float]]] = {}
+            for (e, i), (obs, d, latency) in zip(waiting, chosen, strict=True):
+                per_episode.setdefault(e, []).append((i, obs, d, latency))
             for e, items in per_episode.items():
-                extras = [record_turn(e, i, obs, d) for i, obs, d in items]
+                extras = [record_turn(e, i, obs, d, latency) for i, obs, d, latency in items]
                 # Turns are recorded in the order they take effect; keep decisions in that order too.
                 before = len(tables[e].turns)
-                tables[e].play_simultaneous([d.action for _, _, d in items], extras)
+                tables[e].play_simultaneous([d.action for _, _, d, _ in items], extras)
                 _reorder(decisions[e], tables[e].turns[before:], len(items))
         if seq:
             for i in range(max(configs[e].n for e in seq)):
                 waiting = [(e, i) for e in seq if i < configs[e].n]
-                for (e, _), (obs, d) in zip(waiting, decide(waiting), strict=True):
-                    tables[e].act(i, d.action, record_turn(e, i, obs, d))
+                for (e, _), (obs, d, latency) in zip(waiting, decide(waiting), strict=True):
+                    tables[e].act(i, d.action, record_turn(e, i, obs, d, latency))
             for e in seq:
                 tables[e].end_round()
         if on_round is not None:

@@ -65,6 +65,8 @@ def cell_records(
             "gini_fairness_mean": row["gini_fairness_mean"],
             "starvation_mean": row["starvation_mean"],
             "time_to_deadlock_mean": row["time_to_deadlock_mean"],
+            "message_consistency_mean": row["message_consistency_mean"],
+            "message_consistency_episodes": row["message_consistency_episodes"],
             "null_action_rate": _rate(row["null"], row["turns"]),
             "failed_action_rate": _rate(row["failed"], row["acted"]),
             "turns": row["turns"] or 0,

@@ -60,6 +60,8 @@ _RAW: dict[str, pl.DataType] = {
             "gini_fairness": pl.Float64(),
             "starvation": pl.Int64(),
             "time_to_deadlock": pl.Int64(),
+            # Only episodes played with --talk have it (dphil-score); null when no intention was stated.
+            "message_consistency": pl.Float64(),
         }
     ),
     "turns": pl.List(pl.Struct({"action": pl.String(), "ok": pl.Boolean()})),
@@ -79,6 +81,7 @@ _DERIVED: dict[str, pl.DataType] = {
     "_gini": pl.Float64(),
     "_starvation": pl.Int64(),
     "_ttd": pl.Int64(),
+    "_consistency": pl.Float64(),
     "_turns": pl.Int64(),
     "_null": pl.Int64(),
     "_acted": pl.Int64(),
@@ -109,6 +112,8 @@ _RESERVED = frozenset(
         "gini_fairness_mean",
         "starvation_mean",
         "time_to_deadlock_mean",
+        "message_consistency_mean",
+        "message_consistency_episodes",
         "null_action_rate",
         "failed_action_rate",
         "turns",
@@ -209,7 +214,7 @@ def derived_row(record: dict[str, Any], fields: Sequence[str]) -> list[Any]:
     values.append(None if seed is None else str(seed))
     usage = _usage(record.get("usage"))
     if status == "error":
-        return [*values, *([None] * 12), *usage]
+        return [*values, *([None] * 13), *usage]
     reward = record.get("reward")
     if not isinstance(reward, dict):
         raise DataError("episode is not scored (no 'reward' object): run dphil-score first")
@@ -240,6 +245,11 @@ def derived_row(record: dict[str, Any], fields: Sequence[str]) -> list[Any]:
     ttd = metrics.get("time_to_deadlock")
     if ttd is not None and not is_int(ttd):
         raise DataError("field 'metrics.time_to_deadlock' should be an integer or null")
+    consistency = metrics.get("message_consistency")
+    if consistency is not None and (
+        isinstance(consistency, bool) or not isinstance(consistency, int | float) or not 0 <= consistency <= 1
+    ):
+        raise DataError("field 'metrics.message_consistency' should be a number from 0 to 1, or null")
     return [
         *values,
         total,
@@ -250,6 +260,7 @@ def derived_row(record: dict[str, Any], fields: Sequence[str]) -> list[Any]:
         gini,
         metrics["starvation"],
         ttd,
+        consistency,
         len(turns),
         n_null,
         len(turns) - n_null,

@@ -342,6 +342,7 @@ def _derive(parsed: pl.DataFrame, fields: list[str]) -> pl.DataFrame:
         when_ok(metrics.struct.field("gini_fairness")).alias("_gini"),
         when_ok(metrics.struct.field("starvation")).alias("_starvation"),
         when_ok(metrics.struct.field("time_to_deadlock")).alias("_ttd"),
+        when_ok(metrics.struct.field("message_consistency")).alias("_consistency"),
         when_ok(n_turns.cast(pl.Int64)).alias("_turns"),
         when_ok(n_null.cast(pl.Int64)).alias("_null"),
         when_ok((n_turns - n_null).cast(pl.Int64)).alias("_acted"),
@@ -386,6 +387,7 @@ def _has_bad_rows(parsed: pl.DataFrame, frame: pl.DataFrame, fields: list[str]) 
             | beyond(pl.col("reward").struct.field("total"))
             | beyond(metrics.struct.field("throughput_per_round"))
             | beyond(metrics.struct.field("gini_fairness"))
+            | ~metrics.struct.field("message_consistency").is_between(0, 1).fill_null(True)
         ),
     ]
     for f in fields:

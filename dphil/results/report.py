@@ -75,6 +75,7 @@ def cell_rows(
 ) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-cell table (`reward`: the variant, named in the header)."""
     tokens = any(c["prompt_tokens"] or c["completion_tokens"] or c["cost"] for c in cells)
+    talk = any(c.get("message_consistency_episodes") for c in cells)  # only runs with --talk have it
     header = [
         *by,
         "episodes",
@@ -86,6 +87,8 @@ def cell_rows(
         "null actions",
         "failed actions",
     ]
+    if talk:
+        header += ["consistency (episodes)"]
     if tokens:
         header += ["tokens in", "tokens out", "cost"]
     rows = []
@@ -100,6 +103,9 @@ def cell_rows(
             pct(c["null_action_rate"]),
             pct(c["failed_action_rate"]),
         ]
+        if talk:
+            k = c.get("message_consistency_episodes")
+            row += [f"{num(c.get('message_consistency_mean'))} ({k})" if k else _NA]
         if tokens:
             row += [str(c["prompt_tokens"]), str(c["completion_tokens"]), f"{c['cost']:.4f}"]
         rows.append(row)

@@ -35,6 +35,8 @@ _SUMS: tuple[tuple[str, pl.Expr], ...] = (
     ("starvation", pl.col("_starvation").sum()),
     ("ttd", pl.col("_ttd").sum()),
     ("ttd_n", pl.col("_ttd").count()),
+    ("consistency", pl.col("_consistency").sum()),
+    ("consistency_n", pl.col("_consistency").count()),  # episodes that stated an intention
     ("turns", pl.col("_turns").sum()),
     ("null", pl.col("_null").sum()),
     ("acted", pl.col("_acted").sum()),
@@ -134,6 +136,9 @@ class Totals:
                     "gini_fairness_mean": s["gini"] / n if n else None,
                     "starvation_mean": s["starvation"] / n if n else None,
                     "time_to_deadlock_mean": s["ttd"] / s["ttd_n"] if s["ttd_n"] else None,
+                    # Over the episodes that have it: a null (no --talk, no intention stated) is no 0.
+                    "message_consistency_mean": s["consistency"] / s["consistency_n"] if s["consistency_n"] else None,
+                    "message_consistency_episodes": s["consistency_n"],
                     **{name: s[name] for name in _SUMMED_OUT},
                 }
             )
@@ -156,6 +161,8 @@ _SUMMARY: dict[str, pl.DataType] = {
     "gini_fairness_mean": pl.Float64(),
     "starvation_mean": pl.Float64(),
     "time_to_deadlock_mean": pl.Float64(),
+    "message_consistency_mean": pl.Float64(),
+    "message_consistency_episodes": pl.Int64(),
     "turns": pl.Int64(),
     "null": pl.Int64(),
     "acted": pl.Int64(),

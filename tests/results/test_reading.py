@@ -166,6 +166,7 @@ def test_totals_merged_chunk_by_chunk_equal_one_pass():
             "_gini": rng.random(n),
             "_starvation": rng.integers(0, 3, n),
             "_ttd": [int(t) if rng.random() < 0.5 else None for t in rng.integers(1, 5, n)],
+            "_consistency": [float(c) if rng.random() < 0.3 else None for c in rng.random(n)],
             **{c: rng.integers(0, 9, n) for c in ("_turns", "_null", "_acted", "_failed")},
             "_prompt_tokens": rng.integers(0, 100, n),
             "_completion_tokens": rng.integers(0, 100, n),
