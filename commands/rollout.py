@@ -7,6 +7,7 @@ from dphil.commands._common import (
     command,
     execute,
     local_model_options,
+    max_new_tokens_option,
     prompt_options,
     quiet_option,
     refuse_piped_stdin,
@@ -22,7 +23,10 @@ scripted:random, scripted:naive, scripted:hierarchy, scripted:idle,
 scripted:thinker, scripted:greedy. Any other MODEL is a language model: an
 alias from the model registry (claude-opus-4.7, gpt-5.4, gemini-3.1-pro,
 grok-4.2, mistral-small-24b, qwen3-14b, qwen3-8b, deepseek-r1-distill-qwen-7b,
-or your own via --models) or a litellm id such as openai/gpt-5.4. A model call
+or your own via --models) or a litellm id such as openai/gpt-5.4. Offline
+models that dphil serves itself with llama.cpp (pip install 'dphil[local]'):
+qwen2.5-0.5b (tools), qwen2.5-0.5b-text, qwen2.5-1.5b, qwen2.5-1.5b-text and
+gemma-3-270m; the server starts with the run and stops with it. A model call
 that fails after its retries ends that episode with status "error"; the run
 then exits 75 and a rerun with --resume retries it. hf:PATH (with --adapter)
 plays a local transformers model; --checkpoints evaluates every adapter that
@@ -30,6 +34,7 @@ dphil-train saved.
 
 \b
   dphil-rollout -m scripted:naive -n 5 --episodes 30 | dphil-score --shaped > ep.jsonl
+  dphil-rollout -m qwen2.5-0.5b -n 5 --episodes 3 | dphil-score --shaped > ep.jsonl
   dphil-rollout -m scripted:hierarchy -m scripted:random -n 5,10,15 -o grid.jsonl --resume
   dphil-rollout -m qwen3-14b -n 5 --episodes 30 --concurrency 32 -o qwen.jsonl --resume
   dphil-rollout --checkpoints ckpts.jsonl --seeds 1000-1029 | dphil-score --shaped > val.jsonl
@@ -125,9 +130,8 @@ dphil-train saved.
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
-    default=120.0,
-    show_default=True,
-    help="Seconds before one model call is abandoned (and retried).",
+    default=None,
+    help="Seconds before one model call is abandoned (and retried)  [default: the model's registry timeout, else 120].",
 )
 @click.option(
     "--retries",
@@ -187,6 +191,7 @@ dphil-train saved.
     "--run", "checkpoint_run", default=None, metavar="NAME", help="With --checkpoints: only this run's checkpoints."
 )
 @local_model_options
+@max_new_tokens_option
 @click.option(
     "--batch",
     type=click.IntRange(min=1),
@@ -233,6 +238,7 @@ def main(
     temperature,
     device,
     threads,
+    max_new_tokens,
     batch,
     wait_lock,
     quiet,
@@ -291,7 +297,14 @@ def main(
             checkpoints=checkpoint_files,
             checkpoint_run=checkpoint_run,
             tags=parse_tags(tags),
-            local={"decode": decode, "temperature": temperature, "device": device, "batch": batch, "threads": threads},
+            local={
+                "decode": decode,
+                "temperature": temperature,
+                "max_new_tokens": max_new_tokens,
+                "device": device,
+                "batch": batch,
+                "threads": threads,
+            },
         )
         return run_request(request, console)
 

@@ -103,6 +103,9 @@ def _quiet_warnings() -> None:
 # -- limits ---------------------------------------------------------------------------------
 
 
+DEFAULT_TIMEOUT = 120.0  # seconds per call when neither the run nor the model says
+
+
 @dataclass(frozen=True)
 class Limits:
     """How hard a run may press the providers, and how patiently it retries."""
@@ -110,7 +113,7 @@ class Limits:
     concurrency: int = 16
     rpm: int | None = None
     tpm: int | None = None
-    timeout: float = 120.0
+    timeout: float | None = None  # None: the model's own (`ModelSpec.timeout`), else DEFAULT_TIMEOUT
     retries: int = 4
     backoff: float = 1.0
     backoff_max: float = 60.0
@@ -234,11 +237,12 @@ class Gateway:
         key = spec.api_key()
         if not spec.params.keys() <= ALLOWED_PARAMS.keys():  # a spec made in code, not read from a registry
             check_params(spec.params, f"model {spec.name!r}")
+        timeout = limits.timeout or spec.timeout or DEFAULT_TIMEOUT
         kwargs: dict[str, Any] = {
             **spec.params,
             "model": spec.model,
             "messages": messages,
-            "timeout": limits.timeout,
+            "timeout": timeout,
             "max_retries": 0,
             "drop_params": True,
         }
@@ -273,7 +277,7 @@ class Gateway:
                     # A hard deadline as well: a server that accepts the connection and then
                     # goes silent must not hold the slot for ever.
                     with guarded(limits.max_reply_bytes) as guard:
-                        response = await asyncio.wait_for(call(**kwargs), limits.timeout + 5.0)
+                        response = await asyncio.wait_for(call(**kwargs), timeout + 5.0)
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # classified below: transient, or the episode's end

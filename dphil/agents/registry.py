@@ -42,6 +42,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "params": (dict,),
     "description": (str,),
     "local": (str,),
+    "timeout": (int, float),
 }
 # `tool_choice` for the action calls (talk calls always send "none"): "required" makes a
 # server that constrains its output to the tools (llama.cpp) always return a tool call.
@@ -182,6 +183,9 @@ class ModelSpec:
     params: dict[str, Any] = field(default_factory=dict)
     description: str | None = None
     local: str | None = None  # a catalogue model dphil serves itself when no server URL is given
+    # Seconds before one call is abandoned, unless the run sets --timeout: a CPU model's first
+    # round evaluates every seat's whole prompt at once and takes minutes, an API call seconds.
+    timeout: float | None = None
     # Set by a run for a server it started (never read from a registry): each episode in flight
     # owns this many consecutive slots, one per seat, so every conversation keeps its cache.
     lane_slots: int | None = None
@@ -272,6 +276,8 @@ def parse_registry(text: str, source: str) -> dict[str, dict[str, Any]]:
             raise ConfigError(f"{where}: api_base = {_shown(entry['api_base'])} is not an http(s) URL")
         if "local" in entry and not _LOCAL_NAME.fullmatch(entry["local"]):
             raise ConfigError(f"{where}: local = {entry['local']!r} is not a catalogue model name")
+        if "timeout" in entry and not (math.isfinite(entry["timeout"]) and entry["timeout"] > 0):
+            raise ConfigError(f"{where}: timeout must be a number of seconds > 0")
         if entry.get("tool_choice", "auto") not in _TOOL_CHOICES:
             raise ConfigError(f"{where}: tool_choice must be one of {', '.join(_TOOL_CHOICES)}")
         check_params(entry.get("params", {}), where)

@@ -135,6 +135,23 @@ def test_a_hanging_server_times_out_and_the_call_fails(server, spec):
     assert 0.8 <= time.monotonic() - start < 60  # it ends: each try stops at --timeout
 
 
+def test_the_model_s_own_timeout_applies_unless_the_run_sets_one(server, spec):
+    """A registry `timeout` is the model's: a CPU model may need minutes, an API seconds."""
+    from dataclasses import replace
+
+    patient = replace(spec, timeout=0.4)
+    server.script(spec.model.split("/", 1)[1], HANG, HANG)
+    start = time.monotonic()
+    with pytest.raises(LLMCallError, match="gave up after 2 attempt"):
+        complete(patient, Limits(retries=1, backoff=0.01, backoff_max=0.01))  # no run timeout
+    assert 0.8 <= time.monotonic() - start < 60  # 0.4 s per try, not the default 120
+    # The run's --timeout wins over the model's: here the model's 0.4 s would have given up.
+    server.script(spec.model.split("/", 1)[1], HANG)
+    server.script(spec.model.split("/", 1)[1], tool("eat"))
+    c = complete(replace(spec, timeout=1e-3), Limits(timeout=0.4, retries=2, backoff=0.01, backoff_max=0.01))
+    assert c.retries == 1 and c.tool_calls[0]["function"]["name"] == "eat"
+
+
 def test_a_hang_then_an_answer_succeeds(server, spec):
     server.script(spec.model.split("/", 1)[1], HANG, tool("eat"))
     c = complete(spec, Limits(timeout=0.4, retries=2, backoff=0.01, backoff_max=0.01))

@@ -168,3 +168,14 @@ def test_a_spec_made_in_code_cannot_smuggle_behaviour_to_litellm():
     )
     with pytest.raises(ConfigError, match=r"params\.mock_response"):
         asyncio.run(Gateway().complete(spec, [{"role": "user", "content": "hi"}]))
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", '"60"', "true"])
+def test_a_model_timeout_must_be_seconds_above_zero(value):
+    with pytest.raises(ConfigError, match="timeout"):
+        parse_registry(f'[models.x]\nmodel = "openai/x"\ntimeout = {value}\n', "r.toml")
+
+
+def test_the_offline_models_wait_longer_than_an_api_call():
+    reg = Registry.load()
+    assert reg.resolve("qwen2.5-0.5b").timeout == 900 and reg.resolve("gpt-5.4").timeout is None
