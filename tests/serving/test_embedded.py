@@ -29,7 +29,7 @@ from tests.serving.test_real_servers import ACTIONS, check_scored, records
 from tests.support.commands import need_system_part, run
 
 QWEN = "qwen2.5-coder-0.5b-instruct"
-LEAN = ["--prompt", "minimal", "--timeout", "600", "-q"]
+LEAN = ["--prompt", "minimal", "--timeout", "600"]  # not -q: the run must say where its server listens
 SMALL = ["dphil-rollout", "-n", "3", "--rounds", "3", "--prompt", "minimal"]
 STARTED = re.compile(rb"starting llama\.cpp for \S+ \((\d+) slot\(s\)\) on http://127\.0\.0\.1:(\d+)/v1")
 
