@@ -197,6 +197,22 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     help="peft: decisions per backward pass; bounds training memory, the gradient is the same.",
 )
 @click.option(
+    "--pack-width",
+    type=click.IntRange(min=0),
+    default=2048,
+    show_default=True,
+    help="peft: positions per prefix-tree row when scoring the step's replies: every prefix they "
+    "share (the system prompt, earlier turns, a reply's candidates) is computed once per row "
+    "(the same gradient); 0 scores each reply on its own prompt, --train-micro-batch at a time.",
+)
+@click.option(
+    "--autocast",
+    type=click.Choice(["bf16"]),
+    default=None,
+    help="peft: matrix products in bfloat16 (torch.autocast); the adapter, optimiser and loss stay "
+    "float32. About twice as fast on CPUs with AVX-512 BF16; log-probabilities move by about 1e-2.",
+)
+@click.option(
     "--gradient-checkpointing/--no-gradient-checkpointing",
     default=True,
     show_default=True,
@@ -259,6 +275,8 @@ def main(
     dtype,
     micro_batch,
     train_micro_batch,
+    pack_width,
+    autocast,
     gradient_checkpointing,
     tensorboard,
     art_path,
@@ -318,6 +336,8 @@ def main(
             threads=threads,
             micro_batch=micro_batch,
             train_micro_batch=train_micro_batch,
+            pack_width=pack_width,
+            autocast=autocast,
             gradient_checkpointing=gradient_checkpointing,
             art_path=art_path,
             project=project,

@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from dphil.agents.chat_templates import for_family
 from dphil.io.errors import DataError, MissingExtraError, NoInputError, UsageError
 
 
@@ -165,3 +166,21 @@ def _first_line(e: BaseException, limit: int = 300) -> str:
     text = str(e).strip().splitlines()
     line = text[0].strip() if text else type(e).__name__
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def eos_ids(tokenizer: Any, model: Any) -> list[int]:
+    """The tokens that end a reply: the chat format's end of turn first (constrained replies end so)."""
+    family = for_family(getattr(model.config, "model_type", None))
+    ids: list[int] = []
+    for source in (
+        *[tokenizer.convert_tokens_to_ids(t) for t in (family.stop if family else ())],
+        tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        tokenizer.eos_token_id,
+        getattr(model.generation_config, "eos_token_id", None),
+    ):
+        for i in source if isinstance(source, list) else [source]:
+            if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id and i not in ids:
+                ids.append(i)
+    if not ids:
+        raise UsageError("the model's tokenizer has no end-of-turn token")
+    return ids

@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dphil.agents.chat_templates import check_chat_template, ensure_chat_template, for_family, template_errors
+from dphil.agents.chat_templates import check_chat_template, ensure_chat_template, template_errors
 from dphil.io.errors import UsageError
 from dphil.local.loading import (
+    eos_ids,
     import_torch_stack,
     load_adapter,
     load_pretrained,
@@ -72,6 +73,7 @@ class LocalModel:
         device: str = "auto",
         dtype: str = "auto",
         micro_batch: int = 16,
+        pack_width: int = 2048,
     ) -> None:
         torch, transformers = import_torch_stack()
         return_freed_memory()
@@ -80,6 +82,8 @@ class LocalModel:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.micro_batch = max(1, micro_batch)
+        # Positions per prefix-tree row when scoring a round's candidates (0: prompt by prompt).
+        self.pack_width = pack_width
         self.tokenizer, model = load_pretrained(transformers, path, self.dtype)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -87,7 +91,7 @@ class LocalModel:
         template = ensure_chat_template(self.tokenizer, getattr(model.config, "model_type", None))
         self.chat_template = "model" if template is None else template.name
         check_chat_template(self.tokenizer, path)  # a template the sandbox refuses: exit 65 now
-        self.eos_ids = _eos_ids(self.tokenizer, model)
+        self.eos_ids = eos_ids(self.tokenizer, model)
         if adapter is not None:
             model = load_adapter(model, adapter, trainable=False)
         self.model = model.to(self.device)
@@ -142,8 +146,14 @@ class LocalModel:
     ) -> list[Decision]:
         torch = self.torch
         cands = self.candidate_ids(actions)
-        with torch.no_grad():
-            scores = self.candidate_logprobs(prompts, cands, temperature=temperature)  # [D, K]
+        from dphil.local.tree_logprobs import tree_candidate_logprobs
+
+        with torch.no_grad():  # [D, K]; a round's prompts share their system prompt: once per tree row
+            scores = (
+                tree_candidate_logprobs(self, prompts, cands, temperature=temperature, max_width=self.pack_width)
+                if self.pack_width
+                else self.candidate_logprobs(prompts, cands, temperature=temperature)
+            )
         gen = torch.Generator().manual_seed(seed)
         probs = scores.float().exp().cpu()
         # Temperature 0 is greedy: the most likely reply.
@@ -376,21 +386,3 @@ class LocalModel:
             lp = scores.gather(-1, idx.unsqueeze(-1))
             return lp, torch.ones_like(lp)
         return self.token_logprobs([(d.prompt_ids, d.completion_ids) for d in decisions], temperature=temperature)
-
-
-def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
-    """The tokens that end a reply: the chat format's end of turn first (constrained replies end so)."""
-    family = for_family(getattr(model.config, "model_type", None))
-    ids: list[int] = []
-    for source in (
-        *[tokenizer.convert_tokens_to_ids(t) for t in (family.stop if family else ())],
-        tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        tokenizer.eos_token_id,
-        getattr(model.generation_config, "eos_token_id", None),
-    ):
-        for i in source if isinstance(source, list) else [source]:
-            if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id and i not in ids:
-                ids.append(i)
-    if not ids:
-        raise UsageError("the model's tokenizer has no end-of-turn token")
-    return ids

@@ -93,9 +93,19 @@ def _masks(torch: Any, pos: Any, valid: Any, segment: Any, config: Any, dtype: A
     # A padding row attends to itself, so it stays finite (a fully masked row is NaN, and
     # 0 x NaN in the backward pass would poison the weights' gradients).
     allowed |= torch.eye(pos.shape[1], dtype=torch.bool)[None]
+    return layer_masks(torch, allowed, pos, config, dtype)
+
+
+def layer_masks(torch: Any, allowed: Any, pos: Any, config: Any, dtype: Any) -> Any:
+    """`allowed` [D, W, W] as additive masks, one per layer type when the model has several.
+
+    Sliding-window layers (Gemma 3) also drop keys a window or more positions back,
+    measured in `pos` [D, W] as transformers' own masks measure it.
+    """
     layer_types = getattr(config, "layer_types", None)
     if not layer_types:
         return _additive(torch, allowed, dtype)
+    q_pos, kv_pos = pos[:, :, None], pos[:, None, :]
     out = {}
     for kind in set(layer_types):
         if kind == "full_attention":
@@ -104,7 +114,7 @@ def _masks(torch: Any, pos: Any, valid: Any, segment: Any, config: Any, dtype: A
             window = config.sliding_window
             out[kind] = _additive(torch, allowed & (kv_pos > q_pos - window), dtype)
         else:
-            raise ValueError(f"constrained decoding cannot pack candidates for {kind!r} layers")
+            raise ValueError(f"packed rows cannot be masked for {kind!r} layers")
     return out
 
 

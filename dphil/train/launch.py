@@ -87,6 +87,8 @@ class TrainRequest:
     threads: int | None = None  # [default: torch's choice]
     micro_batch: int = 16
     train_micro_batch: int = 2
+    pack_width: int = 2048
+    autocast: str | None = None
     gradient_checkpointing: bool = True
     # ART
     art_path: str | None = None  # [default: run_dir/art]
@@ -216,6 +218,8 @@ def make_backend_factory(cfg: TrainConfig, req: TrainRequest):
             dtype=req.dtype,
             micro_batch=req.micro_batch,
             train_micro_batch=req.train_micro_batch,
+            pack_width=req.pack_width,
+            autocast=req.autocast,
             gradient_checkpointing=req.gradient_checkpointing,
             init_seed=derive_seed("lora-init", cfg.seed),
         )

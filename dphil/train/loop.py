@@ -180,10 +180,14 @@ def run_training(cfg: TrainConfig, make_backend: Callable[[str | None], Backend]
             sizes = cfg.curriculum.sizes(step, state)
             configs, seeds = _train_configs(cfg, backend, step, sizes, val_set)
             played = backend.rollout(configs, seed=derive_seed("sample", cfg.seed, step))
+            phases = {"rollout": time.monotonic() - started}
             groups = _score_groups(cfg, played)
             stats = backend.train_groups(groups, step=step)
+            phases["train"] = time.monotonic() - started - sum(phases.values())
             path = os.path.abspath(backend.save(step_dir(cfg.run_dir, step), step=step))
+            phases["save"] = time.monotonic() - started - sum(phases.values())
             record = _checkpoint_record(cfg, backend, step, path, sizes, seeds, groups, stats, state, run_id)
+            record["phase_seconds"] = {k: round(v, 3) for k, v in phases.items()}
             episodes = [ep.record for g in groups for ep in g.episodes]
             if cfg.val_every and (step % cfg.val_every == 0 or step == cfg.steps):
                 val_eps = _validate(cfg, backend, step, path)

@@ -10,9 +10,11 @@ same optimisation rather than restarting Adam's moments).
 
 from __future__ import annotations
 
+import contextlib
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from dphil.io.errors import MissingExtraError, OutputError
 from dphil.local.loading import load_adapter
 from dphil.local.model import LORA_TARGETS, Decision, LocalModel
 from dphil.local.play import Played, play_episodes
+from dphil.local.tree_logprobs import TreeScorer
 from dphil.train.grpo import grpo_loss
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -53,6 +56,13 @@ class PeftSettings:
     # Recompute each decoder layer's activations in the backward pass instead of keeping them:
     # about a tenth more CPU for far less memory (the same gradient).
     gradient_checkpointing: bool = True
+    # Positions per prefix-tree row (`dphil.local.prefix_tree`): every prefix the step's
+    # replies share is computed once per row. 0 scores each reply on its own prompt, in
+    # batches of train_micro_batch (the plain computation the tree is tested against).
+    pack_width: int = 2048
+    # "bf16": matrix products in bfloat16 under torch.autocast (the LoRA weights, the
+    # optimiser and the loss stay float32); None: the model's own dtype throughout.
+    autocast: str | None = None
     init_seed: int = 0  # seeds the LoRA A matrices, drawn from torch's global generator
 
 
@@ -84,6 +94,7 @@ class PeftBackend:
             device=settings.device,
             dtype=settings.dtype,
             micro_batch=settings.micro_batch,
+            pack_width=settings.pack_width,
         )
         if resume_from is not None:
             self.lm.model = load_adapter(self.lm.model, resume_from, trainable=True)
@@ -127,16 +138,18 @@ class PeftBackend:
     def rollout(self, configs: Sequence[EpisodeConfig], *, seed: int) -> list[Played]:
         self.lm.model.eval()
         s = self.settings
-        return play_episodes(
-            configs,
-            self.lm,
-            s.prompt,
-            decode=s.decode,
-            memory=s.memory,
-            temperature=s.temperature,
-            max_new_tokens=s.max_new_tokens,
-            seed=seed,
-        )
+        # Sampled under the same arithmetic as the loss reweights them with.
+        with self._autocast():
+            return play_episodes(
+                configs,
+                self.lm,
+                s.prompt,
+                decode=s.decode,
+                memory=s.memory,
+                temperature=s.temperature,
+                max_new_tokens=s.max_new_tokens,
+                seed=seed,
+            )
 
     def train_groups(self, groups: Sequence[Any], *, step: int) -> dict[str, float]:
         """Every reply of every episode, weighted by its turn's advantage (see --advantage)."""
@@ -169,27 +182,46 @@ class PeftBackend:
         temperature = s.temperature or 1.0
         total_units = sum(1 if x.decision.candidate is not None else len(x.decision.completion_ids) for x in samples)
         self.optimizer.zero_grad(set_to_none=True)
-        step = max(1, s.train_micro_batch)
-        for start in range(0, len(samples), step):
-            chunk = samples[start : start + step]
-            decisions = [x.decision for x in chunk]
-            lp, mask = self.lm.unit_logprobs(decisions, temperature=temperature)
+        decisions = [x.decision for x in samples]
+        if s.pack_width > 0:
+            scorer = TreeScorer.of_decisions(self.lm, decisions, max_width=s.pack_width)
+            stats["positions"] = float(scorer.tokens)
+            chunks = [
+                (row.groups, lambda temperature, row=row: scorer.unit_logprobs(row, temperature=temperature)[1:])
+                for row in scorer.rows
+            ]
+        else:
+            step = max(1, s.train_micro_batch)
+            chunks = [
+                (idx, partial(self.lm.unit_logprobs, [decisions[i] for i in idx]))
+                for idx in (list(range(a, min(a + step, len(samples)))) for a in range(0, len(samples), step))
+            ]
+            stats["positions"] = float(
+                sum(len(d.prompt_ids) + len(d.completion_ids) for d in decisions)
+                if decisions[0].candidate is None
+                else sum(len(d.prompt_ids) + sum(map(len, self.lm.candidate_ids(d.candidates))) for d in decisions)
+            )
+        for idx, unit_logprobs in chunks:
+            with self._autocast():
+                lp, mask = unit_logprobs(temperature=temperature)
+                ref = None
+                if s.kl_coef:
+                    with torch.no_grad(), model.disable_adapter():
+                        ref, _ = unit_logprobs(temperature=temperature)
+            lp = lp.float()
             old = torch.zeros_like(lp)
             width = lp.shape[1]
-            for b, d in enumerate(decisions):
+            for b, i in enumerate(idx):
+                d = decisions[i]
                 if d.old_logprobs:
                     old[b, width - len(d.old_logprobs) :] = torch.tensor(d.old_logprobs, device=lp.device)
-            ref = None
-            if s.kl_coef:
-                with torch.no_grad(), model.disable_adapter():
-                    ref, _ = self.lm.unit_logprobs(decisions, temperature=temperature)
-            adv = torch.tensor([x.advantage for x in chunk], device=lp.device)
+            adv = torch.tensor([samples[i].advantage for i in idx], device=lp.device)
             loss, part = grpo_loss(
                 lp,
                 old,
                 adv,
                 mask,
-                ref_logprobs=ref,
+                ref_logprobs=None if ref is None else ref.float(),
                 clip_epsilon=s.clip_epsilon,
                 kl_coef=s.kl_coef,
                 normaliser=total_units,
@@ -204,6 +236,13 @@ class PeftBackend:
         self.optimizer.zero_grad(set_to_none=True)
         model.eval()
         return stats
+
+    def _autocast(self) -> Any:
+        """bfloat16 matrix products when asked (`autocast`), else nothing."""
+        if self.settings.autocast is None:
+            return contextlib.nullcontext()
+        device = "cuda" if str(self.lm.device).startswith("cuda") else "cpu"
+        return self.torch.autocast(device, dtype=self.torch.bfloat16)
 
     def save(self, directory: Path, *, step: int = 0) -> str:
         """Write the adapter (save_pretrained) and the optimiser state to `directory`.

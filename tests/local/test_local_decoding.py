@@ -10,7 +10,7 @@ import json
 import pytest
 
 from dphil.local.entries import LocalSettings
-from tests.support.commands import PROMPT, run
+from tests.support.commands import run
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")
@@ -19,22 +19,18 @@ LOCAL = ["-n", "3", "--rounds", "2", "--memory", "none", "--threads", "1"]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from tests.support.tinymodel import build_tiny_model
-
-    d = tmp_path_factory.mktemp("tiny")
-    prompt = d / "prompt.txt"
-    prompt.write_text(PROMPT)
-    return build_tiny_model(d / "model"), prompt
+def local(tiny, prompt_file):
+    """(the tiny model, the short prompt file): what every run here plays with."""
+    return tiny, prompt_file
 
 
 _RUNS: dict[tuple[str, ...], list[dict]] = {}
 
 
-def rollout(tiny, *args: str) -> list[dict]:
+def rollout(local, *args: str) -> list[dict]:
     """The episodes of one run (each run once per module: every run loads torch and the model)."""
     if args not in _RUNS:
-        model, prompt = tiny
+        model, prompt = local
         command = ["dphil-rollout", "-q", "-m", f"hf:{model}", "--prompt-file", str(prompt), *LOCAL, *args]
         proc = run(command, timeout=300)
         assert proc.returncode == 0, proc.stderr.decode()
@@ -42,8 +38,8 @@ def rollout(tiny, *args: str) -> list[dict]:
     return json.loads(json.dumps(_RUNS[args]))
 
 
-def test_max_new_tokens_bounds_free_replies_and_enters_the_id(tiny):
-    short = rollout(tiny, "--decode", "free", "--max-new-tokens", "3", "--seeds", "4")
+def test_max_new_tokens_bounds_free_replies_and_enters_the_id(local):
+    short = rollout(local, "--decode", "free", "--max-new-tokens", "3", "--seeds", "4")
     (rec,) = short
     turns = rec["turns"]
     assert turns and all(t["completion_tokens"] <= 3 for t in turns)
@@ -51,38 +47,38 @@ def test_max_new_tokens_bounds_free_replies_and_enters_the_id(tiny):
     assert any(t.get("truncated") for t in turns)
     assert rec["max_new_tokens"] == 3
     assert all(isinstance(t["latency_s"], float) and t["latency_s"] >= 0 for t in turns)
-    default = rollout(tiny, "--decode", "free", "--seeds", "4")
+    default = rollout(local, "--decode", "free", "--seeds", "4")
     assert "max_new_tokens" not in default[0] and default[0]["episode_id"] != rec["episode_id"]
     assert all(t["completion_tokens"] <= 48 for t in default[0]["turns"])
 
 
-def test_the_default_and_constrained_decoding_keep_the_ids_of_earlier_runs(tiny):
+def test_the_default_and_constrained_decoding_keep_the_ids_of_earlier_runs(local):
     # Episodes recorded before --max-new-tokens existed were played with 48 and have no such
     # field in their id: the default must keep those ids, and so must constrained decoding,
     # which generates no text whatever the bound.
-    plain = LocalSettings(prompt_file=str(tiny[1]), decode="free")
+    plain = LocalSettings(prompt_file=str(local[1]), decode="free")
     assert set(plain.variant()) == {"prompt", "prompt_version", "memory", "decode", "temperature"}
     assert (
-        LocalSettings(prompt_file=str(tiny[1]), max_new_tokens=5).variant()
-        == LocalSettings(prompt_file=str(tiny[1])).variant()
+        LocalSettings(prompt_file=str(local[1]), max_new_tokens=5).variant()
+        == LocalSettings(prompt_file=str(local[1])).variant()
     )
-    assert LocalSettings(prompt_file=str(tiny[1]), decode="free", max_new_tokens=5).variant()["max_new_tokens"] == 5
+    assert LocalSettings(prompt_file=str(local[1]), decode="free", max_new_tokens=5).variant()["max_new_tokens"] == 5
     ids = {
-        tuple(r["episode_id"] for r in rollout(tiny, "--seeds", "4,5", *extra))
+        tuple(r["episode_id"] for r in rollout(local, "--seeds", "4,5", *extra))
         for extra in ([], ["--max-new-tokens", "3"])
     }
     assert len(ids) == 1
-    assert not any("max_new_tokens" in r for r in rollout(tiny, "--seeds", "4,5", "--max-new-tokens", "3"))
+    assert not any("max_new_tokens" in r for r in rollout(local, "--seeds", "4,5", "--max-new-tokens", "3"))
     free = {
-        tuple(r["episode_id"] for r in rollout(tiny, "--decode", "free", "--seeds", "4", *extra))
+        tuple(r["episode_id"] for r in rollout(local, "--decode", "free", "--seeds", "4", *extra))
         for extra in ([], ["--max-new-tokens", "48"])
     }
     assert len(free) == 1
 
 
 @pytest.mark.parametrize("schedule", ["simultaneous", "sequential"])
-def test_every_turn_records_the_wall_time_of_its_batched_decision(tiny, schedule):
-    recs = rollout(tiny, "--seeds", "4,5", *(["--schedule", schedule] if schedule == "sequential" else []))
+def test_every_turn_records_the_wall_time_of_its_batched_decision(local, schedule):
+    recs = rollout(local, "--seeds", "4,5", *(["--schedule", schedule] if schedule == "sequential" else []))
     assert len(recs) == 2
     turns = [t for r in recs for t in r["turns"]]
     assert turns and all(isinstance(t["latency_s"], float) and t["latency_s"] >= 0 for t in turns)

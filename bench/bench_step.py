@@ -1,0 +1,135 @@
+"""One GRPO step on a real model, phase by phase: the plain computation against prefix trees and bf16.
+
+Each variant is `dphil-train --backend peft` run as a user runs it, one step, under
+`/usr/bin/time -v` (wall time and peak resident memory), on the same seeds, so every variant
+plays the same episodes as long as its sampling arithmetic is the same (float32):
+
+  plain     --pack-width 0: every reply scored on its own prompt, as before prefix trees
+  tree      the default: a step's replies on prefix-tree rows, each shared prefix once per row
+  bf16      the default with --autocast bf16 (sampling and training)
+
+The phases come from the step's checkpoint record (`phase_seconds`: rollout, train, save),
+the positions the training forward passes computed from `positions`. The plain and tree
+variants must give the same gradient (same episodes, same arithmetic; the loss of a step's
+one update is the advantages' mean either way): the script prints the gradient norms'
+difference. Writes OUT/summary.json and OUT/summary.md.
+
+    dphil-weights --model qwen2.5-coder-0.5b-instruct   # the transformers directory, once
+    nice python bench/bench_step.py [--model DIR] [--variants plain,tree,bf16]
+        [-n 5] [--rounds 5] [--groups 2] [--group-size 3] [--out bench/results/step]
+
+The study's step is the default size (2 groups x 3 episodes, N = 5, 5 rounds, LoRA rank 8).
+Needs `pip install -e '.[train,real]'` and /usr/bin/time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dphil.io.console_scripts import locate
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = {
+    "plain": ["--pack-width", "0"],
+    "tree": [],
+    "bf16": ["--autocast", "bf16"],
+}
+
+
+def tool(name: str) -> str:
+    found = locate(name)
+    if found is None:
+        sys.exit(f"bench_step: {name} is not installed (pip install -e '.[train,real]')")
+    return found
+
+
+def step(model: str, variant: str, a: argparse.Namespace, work: Path) -> dict:
+    run_dir = work / variant
+    args = [tool("dphil-train"), "--backend", "peft", "--base-model", model, "-n", str(a.n)]
+    args += ["--rounds", str(a.rounds), "--steps", "1", "--groups", str(a.groups), "--group-size", str(a.group_size)]
+    args += ["--lora-rank", "8", "--shaped", "--seed", str(a.seed), "--val-every", "0", "--run-dir", str(run_dir)]
+    args += ["--threads", str(a.threads), "-q", *VARIANTS[variant]]
+    timing = work / f"{variant}.time"
+    started = time.monotonic()
+    proc = subprocess.run(["/usr/bin/time", "-v", "-o", str(timing), *args], capture_output=True)
+    wall = time.monotonic() - started
+    if proc.returncode != 0:
+        sys.exit(f"bench_step: {variant} failed ({proc.returncode}):\n{proc.stderr.decode()[-3000:]}")
+    report = timing.read_text()
+    rss_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", report).group(1))
+    (record,) = [json.loads(x) for x in (run_dir / "checkpoints.jsonl").read_text().splitlines() if x.strip()]
+    return {
+        "variant": variant,
+        "wall_s": round(wall, 1),
+        "step_s": record["seconds"],
+        **{f"{k}_s": v for k, v in record["phase_seconds"].items()},
+        "positions": int(record.get("positions", 0)),
+        "peak_rss_gb": round(rss_kb / 1e6, 2),
+        "loss": record["loss"],
+        "grad_norm": record["grad_norm"],
+        "train_reward": record["train_reward"],
+        "trained_samples": int(record["trained_samples"]),
+    }
+
+
+def markdown(rows: list[dict], a: argparse.Namespace) -> str:
+    head = "| variant | step s | rollout s | train s | save s | positions | peak RSS GB | loss | grad norm |"
+    out = [
+        f"One step: {a.groups} groups x {a.group_size} episodes, N = {a.n}, {a.rounds} rounds, LoRA rank 8, "
+        f"{a.threads} threads, seed {a.seed}.",
+        "",
+        head,
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['variant']} | {r['step_s']:.0f} | {r['rollout_s']:.0f} | {r['train_s']:.0f} | {r['save_s']:.1f} "
+            f"| {r['positions']} | {r['peak_rss_gb']} | {r['loss']:.6f} | {r['grad_norm']:.4f} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None, help="a transformers directory (default: dphil-weights' Qwen 0.5B)")
+    p.add_argument("--variants", default="plain,tree,bf16")
+    p.add_argument("-n", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--groups", type=int, default=2)
+    p.add_argument("--group-size", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "step")
+    a = p.parse_args()
+    model = a.model
+    if model is None:
+        got = subprocess.run(
+            [tool("dphil-weights"), "--model", "qwen2.5-coder-0.5b-instruct", "-q"], capture_output=True, check=True
+        )
+        model = got.stdout.decode().strip()
+    rows = []
+    a.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
+        for variant in a.variants.split(","):
+            rows.append(step(model, variant, a, Path(tmp)))
+            print(json.dumps(rows[-1]), flush=True)
+    by = {r["variant"]: r for r in rows}
+    if "plain" in by and "tree" in by:
+        gap = abs(by["tree"]["grad_norm"] - by["plain"]["grad_norm"]) / by["plain"]["grad_norm"]
+        print(f"bench_step: grad norm tree vs plain: relative difference {gap:.2e}")
+    (a.out / "summary.json").write_text(json.dumps({"model": model, "rows": rows}, indent=1) + "\n")
+    (a.out / "summary.md").write_text(markdown(rows, a))
+    print(markdown(rows, a))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

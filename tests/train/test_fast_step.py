@@ -1,0 +1,92 @@
+"""The fast training step against the plain one on the tiny model: same episodes, same loss, same update.
+
+`--pack-width 0` scores every reply on its own prompt (held to the full-logit computation in
+tests/local/test_logprobs.py); the default puts the step's replies on prefix-tree rows. Both
+backends start from the same adapter, play the same seeds with full memory (so prompts grow
+turn by turn and share their system prompt) and take one optimiser step on the same
+advantages: the sampled actions, the loss and the gradient must agree. bf16
+autocast is held to the float32 loss within the tolerance measured for it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from dphil.agents.prompts import load_prompt_file  # noqa: E402
+from dphil.core.records import EpisodeConfig  # noqa: E402
+from dphil.train.peft_backend import PeftBackend, PeftSettings, Sample  # noqa: E402
+
+CONFIGS = [EpisodeConfig(model="hf:tiny", n=3, rounds=3, seed=s) for s in (0, 1)]
+
+
+def backend(tiny, prompt_file, **kw) -> PeftBackend:
+    settings = PeftSettings(base_model=str(tiny), prompt=load_prompt_file(prompt_file), learning_rate=1e-2, **kw)
+    return PeftBackend(settings)
+
+
+def samples_of(played) -> list[Sample]:
+    decisions = [d for p in played for d in p.decisions]
+    return [Sample(d, 0.25 + (-1.0) ** i * (1 + i % 3) / 3) for i, d in enumerate(decisions)]
+
+
+def record_gradients(b: PeftBackend) -> list:
+    """The adapter's gradients at each optimiser step, as the step sees them (after clipping)."""
+    seen: list = []
+    step = b.optimizer.step
+
+    def recording(*args, **kwargs):
+        seen.append([p.grad.detach().clone() for p in b.lm.model.parameters() if p.requires_grad])
+        return step(*args, **kwargs)
+
+    b.optimizer.step = recording
+    return seen
+
+
+@pytest.fixture(scope="module")
+def steps(tiny, prompt_file):
+    """(plain, tree) backends after one step each on their own rollouts, with their stats."""
+    out = {}
+    for name, width in (("plain", 0), ("tree", 2048)):
+        b = backend(tiny, prompt_file, pack_width=width)
+        played = b.rollout(CONFIGS, seed=3)
+        grads = record_gradients(b)
+        stats = b.train(samples_of(played))
+        out[name] = (grads[0], played, stats)
+    return out
+
+
+def test_both_play_the_same_episodes(steps):
+    (_, plain, _), (_, tree, _) = steps["plain"], steps["tree"]
+    for a, b in zip(plain, tree, strict=True):
+        assert [t["action"] for t in a.record["turns"]] == [t["action"] for t in b.record["turns"]]
+        for ta, tb in zip(a.record["turns"], b.record["turns"], strict=True):
+            for action, p in ta["action_probs"].items():
+                assert tb["action_probs"][action] == pytest.approx(p, abs=2e-6)
+
+
+def test_the_loss_and_the_update_are_the_same(steps):
+    from tests.support.logprobs import assert_gradients_close
+
+    (plain_grads, _, ps), (tree_grads, _, ts) = steps["plain"], steps["tree"]
+    # At a step's first update the policy is the one that sampled (every ratio 1), so the loss is
+    # the advantages' weighted mean either way: the gradient is where the two could differ.
+    for key in ("loss", "pg_loss", "tokens", "trained_samples"):
+        assert ts[key] == pytest.approx(ps[key], rel=1e-5, abs=1e-6), key
+    assert ts["grad_norm"] == pytest.approx(ps["grad_norm"], rel=1e-4)
+    assert_gradients_close(tree_grads, plain_grads)
+    # Every prompt shares the system prompt and grows turn by turn: far fewer positions.
+    assert ts["positions"] < ps["positions"] / 2
+
+
+def test_bf16_autocast_keeps_the_loss_within_its_tolerance(tiny, prompt_file, steps):
+    (_, played, fp32) = steps["plain"]
+    b = backend(tiny, prompt_file, autocast="bf16")
+    stats = b.train(samples_of(played))
+    # Same samples, same starting adapter: only the arithmetic differs. bfloat16 keeps 8 bits of
+    # mantissa, so log-probabilities move by up to a few 1e-2 on this model; the loss averages them.
+    assert stats["loss"] == pytest.approx(fp32["loss"], abs=0.05)
+    assert stats["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=0.1)
+    assert all(p.dtype == torch.float32 for p in b.lm.model.parameters() if p.requires_grad)
