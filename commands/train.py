@@ -203,7 +203,8 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     show_default=True,
     help="peft: positions per prefix-tree row when scoring the step's replies: every prefix they "
     "share (the system prompt, earlier turns, a reply's candidates) is computed once per row "
-    "(the same gradient); 0 scores each reply on its own prompt, --train-micro-batch at a time.",
+    "(the same gradient), and sampling keeps each conversation's keys and values between rounds; "
+    "0 scores each reply on its own prompt, --train-micro-batch at a time, and samples from whole prompts.",
 )
 @click.option(
     "--autocast",

@@ -35,6 +35,7 @@ from dphil.local.loading import (
     return_freed_memory,
 )
 from dphil.local.packing import pack
+from dphil.local.prefix_cache import PrefixCache
 
 DECODE_MODES = ("constrained", "free")
 # What every constrained reply looks like: the text fallback of the API path.
@@ -74,6 +75,7 @@ class LocalModel:
         dtype: str = "auto",
         micro_batch: int = 16,
         pack_width: int = 2048,
+        keep_prompts: bool = True,
     ) -> None:
         torch, transformers = import_torch_stack()
         return_freed_memory()
@@ -92,6 +94,8 @@ class LocalModel:
         self.chat_template = "model" if template is None else template.name
         check_chat_template(self.tokenizer, path)  # a template the sandbox refuses: exit 65 now
         self.eos_ids = eos_ids(self.tokenizer, model)
+        # Sampling keeps each conversation's keys and values between rounds (`prefix_cache`).
+        self.prompt_cache = PrefixCache(self) if keep_prompts and PrefixCache.supports(model.config) else None
         if adapter is not None:
             model = load_adapter(model, adapter, trainable=False)
         self.model = model.to(self.device)
@@ -148,12 +152,14 @@ class LocalModel:
         cands = self.candidate_ids(actions)
         from dphil.local.tree_logprobs import tree_candidate_logprobs
 
-        with torch.no_grad():  # [D, K]; a round's prompts share their system prompt: once per tree row
-            scores = (
-                tree_candidate_logprobs(self, prompts, cands, temperature=temperature, max_width=self.pack_width)
-                if self.pack_width
-                else self.candidate_logprobs(prompts, cands, temperature=temperature)
-            )
+        with torch.no_grad():  # [D, K], the same values every way
+            if self.prompt_cache is not None:  # each kept conversation extended by its new tokens
+                scores = self.prompt_cache.candidate_logprobs(prompts, cands, temperature=temperature)
+            elif self.pack_width:  # a round's prompts share their system prompt: once per tree row
+                width = self.pack_width
+                scores = tree_candidate_logprobs(self, prompts, cands, temperature=temperature, max_width=width)
+            else:
+                scores = self.candidate_logprobs(prompts, cands, temperature=temperature)
         gen = torch.Generator().manual_seed(seed)
         probs = scores.float().exp().cpu()
         # Temperature 0 is greedy: the most likely reply.

@@ -93,6 +93,8 @@ def play_episodes(
     """
     if not configs:
         return []
+    if model.prompt_cache is not None:  # kept from other weights or other episodes: of no use here
+        model.prompt_cache.clear()
     tools = decode == "free"
     tables: list[Table] = [new_table(c) for c in configs]
     seats = [
@@ -182,6 +184,8 @@ def play_episodes(
                 tables[e].end_round()
         if on_round is not None:
             on_round(len(live))
+    if model.prompt_cache is not None:
+        model.prompt_cache.clear()
     return [Played(c, episode_record(c, t), ds) for c, t, ds in zip(configs, tables, decisions, strict=True)]
 
 

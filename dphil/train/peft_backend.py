@@ -57,8 +57,10 @@ class PeftSettings:
     # about a tenth more CPU for far less memory (the same gradient).
     gradient_checkpointing: bool = True
     # Positions per prefix-tree row (`dphil.local.prefix_tree`): every prefix the step's
-    # replies share is computed once per row. 0 scores each reply on its own prompt, in
-    # batches of train_micro_batch (the plain computation the tree is tested against).
+    # replies share is computed once per row, and sampling keeps each conversation's keys and
+    # values between rounds (`dphil.local.prefix_cache`). 0 scores each reply on its own
+    # prompt, in batches of train_micro_batch, and samples from whole prompts (the plain
+    # computation both are tested against).
     pack_width: int = 2048
     # "bf16": matrix products in bfloat16 under torch.autocast (the LoRA weights, the
     # optimiser and the loss stay float32); None: the model's own dtype throughout.
@@ -95,6 +97,7 @@ class PeftBackend:
             dtype=settings.dtype,
             micro_batch=settings.micro_batch,
             pack_width=settings.pack_width,
+            keep_prompts=settings.pack_width > 0,
         )
         if resume_from is not None:
             self.lm.model = load_adapter(self.lm.model, resume_from, trainable=True)

@@ -1,0 +1,73 @@
+"""Kept conversations: a round's candidates scored from each conversation's cache equal the whole-prompt scores.
+
+Conversations grow round by round as `--memory full` grows them; two of them start from the
+same prompt and then diverge (a group's episodes share their scenario), so a kept cache that
+two prompts extend must not be extended in place. Held to `candidate_logprobs` (itself held to
+the plain full-logit computation in test_logprobs.py). Gemma 3's sliding-window layers are
+not cached: its model says so and samples from prefix-tree rows instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from tests.support.logprobs import LOGPROB_TOLERANCE
+
+ACTIONS = ("eat", "think", "pick-up-left", "put-down-right")
+
+
+def play_rounds(lm, cache, rounds=4):
+    """Score every round's candidates both ways; return the largest difference."""
+    torch = lm.torch
+    cands = lm.candidate_ids(ACTIONS)
+    seats = [0, 0, 1]  # the first two conversations are the same seat of the same scenario
+    convs = [[{"role": "system", "content": "Five philosophers share five forks."}] for _ in seats]
+    worst = 0.0
+    for r in range(rounds):
+        prompts = []
+        for c, seat in enumerate(seats):
+            convs[c].append({"role": "user", "content": f"You are philosopher {seat}. Round {r + 1}."})
+            prompts.append(lm.prompt_ids(convs[c]))
+        got = cache.candidate_logprobs(prompts, cands, temperature=0.8)
+        with torch.no_grad():
+            whole = lm.candidate_logprobs(prompts, cands, temperature=0.8)
+        assert torch.allclose(got, whole, **LOGPROB_TOLERANCE), (r, got, whole)
+        worst = max(worst, float((got - whole).abs().max()))
+        for c in range(len(seats)):  # the first two diverge from round 1 on
+            convs[c].append({"role": "assistant", "content": f"ACTION: {ACTIONS[(c + r) % 4]}"})
+    return worst
+
+
+def test_kept_conversations_score_as_whole_prompts(lm):
+    from dphil.local.prefix_cache import PrefixCache
+
+    if not PrefixCache.supports(lm.model.config):
+        assert lm.model.config.model_type.startswith("gemma3")
+        pytest.skip("sliding-window layers are not cached")
+    cache = PrefixCache(lm)
+    play_rounds(lm, cache)
+    # Every later prompt extends a kept one: most positions come from the caches.
+    assert cache.reused > cache.computed / 2
+
+
+def test_a_small_budget_keeps_fewer_and_changes_nothing(lm):
+    from dphil.local.prefix_cache import PrefixCache
+
+    if not PrefixCache.supports(lm.model.config):
+        pytest.skip("sliding-window layers are not cached")
+    cache = PrefixCache(lm, budget=1)
+    play_rounds(lm, cache, rounds=3)
+    assert len(cache.entries) == 1 and cache.reused < cache.computed
+    cache.clear()
+    assert not cache.entries
+
+
+def test_sampling_keeps_conversations_only_where_the_masks_allow(lm):
+    from dphil.local.prefix_cache import PrefixCache
+
+    sliding = "sliding_attention" in (getattr(lm.model.config, "layer_types", None) or [])
+    assert (lm.prompt_cache is None) == sliding
+    assert PrefixCache.supports(lm.model.config) == (not sliding)
