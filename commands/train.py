@@ -210,8 +210,8 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     "--autocast",
     type=click.Choice(["bf16"]),
     default=None,
-    help="peft: matrix products in bfloat16 (torch.autocast); the adapter, optimiser and loss stay "
-    "float32. About twice as fast on CPUs with AVX-512 BF16; log-probabilities move by about 1e-2.",
+    help="peft: matrix products in bfloat16 (torch.autocast), sampling and training; the adapter, "
+    "optimiser and loss stay float32. Not faster in dphil's CPU step as measured (docs/training.md).",
 )
 @click.option(
     "--gradient-checkpointing/--no-gradient-checkpointing",
