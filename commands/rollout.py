@@ -30,7 +30,9 @@ gemma-3-270m; the server starts with the run and stops with it. A model call
 that fails after its retries ends that episode with status "error"; the run
 then exits 75 and a rerun with --resume retries it. hf:PATH (with --adapter)
 plays a local transformers model; --checkpoints evaluates every adapter that
-dphil-train saved.
+dphil-train saved. --adapter also applies a trained adapter to the models
+dphil serves itself (written for llama.cpp, which computes a prompt about three
+times faster than torch on a CPU).
 
 \b
   dphil-rollout -m scripted:naive -n 5 --episodes 30 | dphil-score --shaped > ep.jsonl
@@ -38,6 +40,7 @@ dphil-train saved.
   dphil-rollout -m scripted:hierarchy -m scripted:random -n 5,10,15 -o grid.jsonl --resume
   dphil-rollout -m qwen3-14b -n 5 --episodes 30 --concurrency 32 -o qwen.jsonl --resume
   dphil-rollout --checkpoints ckpts.jsonl --seeds 1000-1029 | dphil-score --shaped > val.jsonl
+  dphil-rollout -m qwen2.5-0.5b --adapter run/step-0009 -n 5 --episodes 30 -o trained.jsonl
 """
 
 
@@ -169,7 +172,8 @@ dphil-train saved.
     "--adapter",
     default=None,
     metavar="DIR",
-    help="LoRA adapter (peft save_pretrained directory) for the -m hf:PATH models.",
+    help="LoRA adapter (peft save_pretrained directory) for the -m hf:PATH models and the models "
+    "dphil serves itself (trained on the same catalogue model; recorded as 'adapter').",
 )
 @click.option(
     "--checkpoints",

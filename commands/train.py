@@ -211,7 +211,8 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     type=click.Choice(["bf16"]),
     default=None,
     help="peft: matrix products in bfloat16 (torch.autocast), sampling and training; the adapter, "
-    "optimiser and loss stay float32. Not faster in dphil's CPU step as measured (docs/training.md).",
+    "optimiser and loss stay float32. Emulated, and many times slower, on a CPU without bfloat16 "
+    "instructions (dphil-train warns); not faster in dphil's CPU step as measured (docs/training.md).",
 )
 @click.option(
     "--gradient-checkpointing/--no-gradient-checkpointing",

@@ -70,6 +70,30 @@ def resolve_dtype(dtype: str, device: str) -> Any:
         raise UsageError(f"--dtype: unknown {dtype!r} (auto, float32, bfloat16, float16)") from None
 
 
+def slow_bf16(device: str) -> str | None:
+    """Why bfloat16 matrix products would be slow on `device`, or None.
+
+    A CPU without bfloat16 instructions (AVX-512 BF16, AMX) emulates them: on an AVX2 machine
+    torch multiplied bf16 matrices at 0.6 GFLOP/s against 34 in float32 (docs/performance.md).
+    """
+    torch, _ = import_torch_stack()
+    where = resolve_device(device)
+    if where.startswith("cuda"):
+        return None if torch.cuda.is_bf16_supported() else f"{where} has no bfloat16 arithmetic"
+    check = getattr(getattr(torch.ops, "mkldnn", None), "_is_mkldnn_bf16_supported", None)
+    try:
+        native = True if check is None else bool(check())
+    except (RuntimeError, AttributeError):
+        native = True  # cannot tell: say nothing
+    if native:
+        return None
+    capability = torch.backends.cpu.get_cpu_capability()
+    return (
+        f"this CPU has no bfloat16 instructions (torch uses {capability}): bf16 matrix products are "
+        "emulated, many times slower than float32"
+    )
+
+
 def return_freed_memory() -> None:
     """Serve blocks of 1 MiB and more straight from mmap (glibc), so freeing one returns it.
 

@@ -66,8 +66,6 @@ def run_request(req: RolloutRequest, console) -> int:
             raise UsageError(f"unknown scripted policy {model!r} (known: {known})")
         if is_local(model) and len(model) == 3:
             raise UsageError("-m hf:PATH needs a model directory after 'hf:'")
-    if req.adapter is not None and not any(is_local(m) for m in models):
-        raise UsageError("--adapter applies to local models: add -m hf:PATH")
     api_models = [m for m in dict.fromkeys(models) if not is_scripted(m) and not is_local(m)]
     plan = None
     if api_models:
@@ -81,6 +79,12 @@ def run_request(req: RolloutRequest, console) -> int:
             memory=req.memory,
             talk=req.talk,
         )
+    embedded = [m for m, spec in plan.specs.items() if spec.embedded] if plan else []
+    if req.adapter is not None and not embedded and not any(is_local(m) for m in models):
+        raise UsageError("--adapter applies to local models: add -m hf:PATH or an embedded model (qwen2.5-0.5b)")
+    if req.adapter is not None:
+        for m in embedded:  # records say which policy played
+            plan.variants[m] = {**plan.variants.get(m, {}), "adapter": req.adapter}
     local_entries = [LocalEntry(m, adapter=req.adapter) for m in dict.fromkeys(models) if is_local(m)]
     if req.checkpoints:
         local_entries += checkpoint_entries(req.checkpoints, run=req.checkpoint_run)
@@ -221,7 +225,7 @@ def _embedded(plan, req: RolloutRequest, servers: ExitStack, console):
     concurrency = Limits(**req.limits).concurrency
     slots, episodes = slots_for(list(req.grid.sizes), concurrency)
     specs = servers.enter_context(
-        embedded_servers(plan.specs, slots=slots, stride=max(req.grid.sizes), warn=console.warn)
+        embedded_servers(plan.specs, slots=slots, stride=max(req.grid.sizes), warn=console.warn, adapter=req.adapter)
     )
     return replace(plan, specs=specs), episodes
 

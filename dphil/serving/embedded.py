@@ -16,13 +16,16 @@ litellm calls need nothing else.
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
+from pathlib import Path
 
 from dphil.agents.registry import ModelSpec
-from dphil.io.errors import ConfigError
+from dphil.io.errors import ConfigError, DataError
 from dphil.serving import catalogue, weights
 from dphil.serving.processes import LocalServer, llamacpp_server
 
@@ -62,13 +65,17 @@ def embedded_servers(
     warn: Warn,
     threads: int | None = None,
     cache: str | os.PathLike | None = None,
+    adapter: str | os.PathLike | None = None,
 ) -> Iterator[dict[str, ModelSpec]]:
     """The specs with every embedded model pointed at a server started for it, stopped on exit.
 
     Entries that name the same catalogue model and served name share one server. Each
-    episode in flight owns `stride` consecutive slots (`ModelSpec.lane_slots`).
+    episode in flight owns `stride` consecutive slots (`ModelSpec.lane_slots`). With
+    `adapter` (a peft directory trained on a catalogue model), every server applies it,
+    written for llama.cpp into a directory that lives as long as the servers.
     """
     with ExitStack() as stack:
+        scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="dphil-lora-")) if adapter else None
         out = dict(specs)
         started: dict[tuple[str, str], LocalServer] = {}
         for alias, spec in specs.items():
@@ -85,6 +92,11 @@ def embedded_servers(
                     os.path.join(base, model.file),
                     on_build=lambda p: warn(f"assembling {p} from the installed parts (once)"),
                 )
+                lora = None
+                if adapter is not None:
+                    assert scratch is not None
+                    lora = adapter_for(model, gguf, adapter, Path(scratch) / f"{len(started)}.gguf")
+                    warn(f"applying the adapter {adapter} to {model.name}")
                 server = llamacpp_server(
                     gguf,
                     parallel=slots,
@@ -92,9 +104,36 @@ def embedded_servers(
                     ctx_size=int(model.server.get("ctx_size", 4096)),
                     alias=key[1],
                     jinja=bool(model.server.get("jinja", True)),
+                    lora=lora,
                 )
                 warn(f"starting llama.cpp for {model.name} ({slots} slot(s)) on {server.url}")
                 stack.enter_context(server)
                 started[key] = server
             out[alias] = replace(spec, api_base=server.url, lane_slots=stride)
         yield out
+
+
+def adapter_for(model: catalogue.Model, gguf: Path, adapter: str | os.PathLike, dest: Path) -> Path:
+    """`adapter` written for llama.cpp over `gguf`; exit 65 when it was trained on another model.
+
+    A peft adapter names its base directory; when that is a `dphil-weights --hf` conversion
+    (it records the GGUF's sha256) it must be this catalogue model's.
+    """
+    from dphil.serving.llamacpp import gguf_architecture
+    from dphil.serving.lora_gguf import ADAPTER_CONFIG, write_lora_gguf
+
+    try:
+        base = json.loads((Path(adapter) / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        base = None  # write_lora_gguf names what is wrong with the directory
+    if isinstance(base, str):
+        try:
+            trained_on = json.loads((Path(base) / weights.MARKER).read_text(encoding="utf-8")).get("gguf_sha256")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            trained_on = None  # not a dphil conversion, or not on this machine: llama.cpp checks the shapes
+        if trained_on is not None and trained_on != model.sha256:
+            raise DataError(f"{adapter}: trained on {base}, which is not {model.name} (GGUF sha256 differs)")
+    architecture, _ = gguf_architecture(gguf)
+    if architecture is None:
+        raise DataError(f"{gguf}: the GGUF names no architecture")
+    return write_lora_gguf(adapter, dest, architecture=architecture)

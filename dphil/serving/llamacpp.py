@@ -66,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
         help="render chat templates with llama.cpp's Jinja engine, which tool calling needs "
         "(default: on; --no-jinja uses its built-in formats)",
     )
+    p.add_argument(
+        "--lora",
+        default=None,
+        metavar="FILE.gguf",
+        help="a LoRA adapter in llama.cpp's format, applied to every request (dphil writes one from a "
+        "peft adapter: dphil.serving.lora_gguf)",
+    )
     p.add_argument("--seed", type=int, default=None, help="sampling seed for requests that set none")
     p.add_argument("-v", "--verbose", action="store_true", help="llama.cpp's informational log on stderr")
     return p
@@ -145,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     if not path.is_file():
         print(f"{name}: {path}: no such GGUF file", file=sys.stderr)
         return EX_NOINPUT
+    if args.lora is not None and not Path(args.lora).is_file():
+        print(f"{name}: {args.lora}: no such LoRA file", file=sys.stderr)
+        return EX_NOINPUT
     if args.parallel < 1 or args.ctx_size < 64:
         print(f"{name}: --parallel must be >= 1 and --ctx-size >= 64", file=sys.stderr)
         return EX_USAGE
@@ -171,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     params.use_jinja = args.jinja  # set, not left to the wheel's default: tool calls need it
     if template:
         params.chat_template = template
+    if args.lora is not None:
+        params.lora_adapters = [xllamacpp.CommonAdapterLoraInfo(str(args.lora), 1.0)]
     if args.seed is not None:
         params.sampling.seed = args.seed
     params.ui = False
@@ -183,11 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = xllamacpp.Server(params)  # loads the model and starts listening
     except Exception as e:  # xllamacpp raises RuntimeError/ValueError with llama.cpp's reason
-        print(f"{name}: {path}: cannot serve it: {e}", file=sys.stderr)
+        what = f"{path} with {args.lora}" if args.lora else str(path)
+        print(f"{name}: {what}: cannot serve it: {e}", file=sys.stderr)
         return EX_DATAERR
     print(
         f"{name}: serving {path.name} as {sorted(params.model_alias)[0]!r} on "
-        f"{server.listening_address}/v1 ({args.parallel} slot(s))",
+        f"{server.listening_address}/v1 ({args.parallel} slot(s)"
+        f"{', adapter ' + Path(args.lora).name if args.lora else ''})",
         file=sys.stderr,
         flush=True,
     )

@@ -190,8 +190,9 @@ def llamacpp_server(
     alias: str | None = None,
     seed: int | None = 0,
     jinja: bool = True,
+    lora: str | os.PathLike | None = None,
 ) -> LocalServer:
-    """llama.cpp's server (xllamacpp, `python -m dphil.serving.llamacpp`) for a GGUF file."""
+    """llama.cpp's server (xllamacpp, `python -m dphil.serving.llamacpp`) for a GGUF file, and an adapter."""
     path = Path(gguf)
     model = alias or path.name.removesuffix(".gguf")
     port = port or free_port()
@@ -217,6 +218,8 @@ def llamacpp_server(
         argv += ["-t", str(threads)]
     if seed is not None:
         argv += ["--seed", str(seed)]
+    if lora is not None:
+        argv += ["--lora", str(lora)]
     return LocalServer(argv, model, port, name="llama.cpp")
 
 

@@ -252,6 +252,12 @@ def launch(req: TrainRequest, console: Console) -> int:
 
         check_available()
     factory = make_backend_factory(cfg, req)
+    if cfg.backend == "peft" and req.autocast:
+        from dphil.local.loading import slow_bf16
+
+        slow = slow_bf16(req.device)
+        if slow:
+            console.warn(f"--autocast {req.autocast}: {slow}")
     episodes_path = req.episodes_out
     if episodes_path is not None:
         journal = load_journal(cfg.run_dir) if cfg.run_dir.exists() else []

@@ -90,3 +90,13 @@ def test_bf16_autocast_keeps_the_loss_within_its_tolerance(tiny, prompt_file, st
     assert stats["loss"] == pytest.approx(fp32["loss"], abs=0.05)
     assert stats["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=0.1)
     assert all(p.dtype == torch.float32 for p in b.lm.model.parameters() if p.requires_grad)
+
+
+def test_a_cpu_that_emulates_bf16_is_named_before_training():
+    from dphil.local.loading import slow_bf16
+
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    why = slow_bf16("cpu")
+    assert (why is None) == native
+    if why is not None:  # this machine (AVX2): the warning says what torch runs on
+        assert torch.backends.cpu.get_cpu_capability() in why and "emulated" in why
