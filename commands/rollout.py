@@ -31,8 +31,7 @@ that fails after its retries ends that episode with status "error"; the run
 then exits 75 and a rerun with --resume retries it. hf:PATH (with --adapter)
 plays a local transformers model; --checkpoints evaluates every adapter that
 dphil-train saved. --adapter also applies a trained adapter to the models
-dphil serves itself (written for llama.cpp, which computes a prompt about three
-times faster than torch on a CPU).
+dphil serves itself (written for llama.cpp, which applies it at run time).
 
 \b
   dphil-rollout -m scripted:naive -n 5 --episodes 30 | dphil-score --shaped > ep.jsonl

@@ -82,7 +82,7 @@ def run_request(req: RolloutRequest, console) -> int:
     embedded = [m for m, spec in plan.specs.items() if spec.embedded] if plan else []
     if req.adapter is not None and not embedded and not any(is_local(m) for m in models):
         raise UsageError("--adapter applies to local models: add -m hf:PATH or an embedded model (qwen2.5-0.5b)")
-    if req.adapter is not None:
+    if req.adapter is not None and plan is not None:
         for m in embedded:  # records say which policy played
             plan.variants[m] = {**plan.variants.get(m, {}), "adapter": req.adapter}
     local_entries = [LocalEntry(m, adapter=req.adapter) for m in dict.fromkeys(models) if is_local(m)]

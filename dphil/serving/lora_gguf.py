@@ -1,9 +1,9 @@
 """A trained PEFT adapter as a llama.cpp LoRA file, so the fast server can play the trained policy.
 
-On this CPU llama.cpp computes a Qwen2.5-0.5B prompt three times faster than torch does
-(docs/performance.md), and an evaluation or a rollout needs no gradient: the adapter is
-applied at run time by llama.cpp (`y = W x + alpha/r * B A x`, as peft does), over the
-quantised base that the server already holds. The file is what llama.cpp's own converter
+An evaluation or a rollout needs no gradient, so it can be played by an inference server
+that keeps every conversation's prompt in its own slot and decodes the slots together, with
+no torch in the process; llama.cpp applies the adapter at run time (`y = W x + alpha/r * B A x`,
+as peft does) over the quantised base it already holds. The file is what llama.cpp's own converter
 writes: `general.type = adapter`, `adapter.type = lora`, `adapter.lora.alpha`, and for every
 adapted weight `NAME.lora_a` ([r, in]) and `NAME.lora_b` ([out, r]) under the base GGUF's
 tensor names, which `gguf`'s name map gives for the base file's architecture.

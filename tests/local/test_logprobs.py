@@ -27,8 +27,9 @@ from tests.support.logprobs import (  # noqa: E402
 )
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_candidate_logprobs_equal_the_plain_computation_with_gradients(lm, temperature, checkpointing):
+def test_candidate_logprobs_equal_the_plain_computation_with_gradients(lm, checkpointing):
+    # The temperature only enters the head, which checkpointing does not change: one of each.
+    temperature = 0.7 if checkpointing else 1.0
     if lm.model.config.model_type.startswith("gemma3"):
         assert all(len(p) > lm.model.config.sliding_window for p in prompts_of(lm))
     prompts = prompts_of(lm)

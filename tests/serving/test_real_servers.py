@@ -110,7 +110,7 @@ def test_llamacpp_grid_with_tools_and_without(llamacpp, env):
             "-n",
             "3",
             "--episodes",
-            "2",
+            "1",
             "--rounds",
             "2",
             *LEAN,
@@ -122,7 +122,7 @@ def test_llamacpp_grid_with_tools_and_without(llamacpp, env):
     )
     assert p.returncode == 0, p.stderr.decode()
     episodes = records(p.stdout)
-    check_played(episodes, expected=4, tools={tools: True, text: False})
+    check_played(episodes, expected=2, tools={tools: True, text: False})
     tool_turns = [t for ep in episodes if ep["model"] == tools for t in ep["turns"]]
     # A constrained tool call always names a tool, so every tools-on turn is a legal action.
     assert all(t["parsed_via"] == "tool" and t["action"] in ACTIONS for t in tool_turns)
