@@ -7,8 +7,8 @@ plays the same episodes as long as its sampling arithmetic is the same (float32)
   plain     --pack-width 0: every reply scored on its own prompt, as before prefix trees
   tree      the default: a step's replies on prefix-tree rows, each shared prefix once per row
   bf16      the default with --autocast bf16 (sampling and training)
-  nockpt    rows of 1024 positions, activations kept (--no-gradient-checkpointing): on a
-            2-core AVX2 machine the decoder trains 1.6x faster so (bench_machine.py)
+  nockpt    rows of 1024 positions, activations kept (--no-gradient-checkpointing): the bare
+            decoder trains faster so (bench_machine.py), but narrower rows repeat more prefixes
 
 The phases come from the step's checkpoint record (`phase_seconds`: rollout, train, save),
 the positions the training forward passes computed from `positions`. The plain and tree

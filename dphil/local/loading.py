@@ -74,7 +74,7 @@ def slow_bf16(device: str) -> str | None:
     """Why bfloat16 matrix products would be slow on `device`, or None.
 
     A CPU without bfloat16 instructions (AVX-512 BF16, AMX) emulates them: on an AVX2 machine
-    torch multiplied bf16 matrices at 0.6 GFLOP/s against 34 in float32 (docs/performance.md).
+    torch multiplied bf16 matrices at 0.6 GFLOP/s against 58 in float32 (docs/performance.md).
     """
     torch, _ = import_torch_stack()
     where = resolve_device(device)

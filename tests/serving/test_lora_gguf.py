@@ -212,6 +212,7 @@ def test_rollout_plays_an_embedded_model_with_the_adapter_and_records_it(random_
     reg = tmp_path / "reg.toml"
     reg.write_text(EMBEDDED_GEMMA)
     args = ["dphil-rollout", "-m", "gemma-embedded", "--models", str(reg), "-n", "2", "--rounds", "1"]
+    args += ["--concurrency", "2"]  # two slots: the server starts in seconds
     r = run([*args, "--episodes", "1", "--adapter", str(adapter), "--prompt", "minimal"], timeout=900)
     assert r.returncode == 0, r.stderr.decode()
     assert f"applying the adapter {adapter}".encode() in r.stderr
@@ -231,3 +232,17 @@ def test_an_adapter_of_another_model_is_65_before_any_server(random_adapter):
     assert r.returncode == 65, r.stderr.decode()
     assert b"which is not qwen2.5-coder-0.5b-instruct" in r.stderr
     assert b"starting llama.cpp" not in r.stderr
+
+
+def test_an_adapter_trained_on_another_conversion_is_65_before_anything_is_written(tmp_path):
+    from dphil.serving import catalogue, weights
+    from dphil.serving.embedded import adapter_for
+
+    qwen = catalogue.find("qwen2.5-coder-0.5b-instruct")
+    base = tmp_path / "gemma-3-270m"
+    base.mkdir()
+    (base / weights.MARKER).write_text(json.dumps({"gguf_sha256": catalogue.find("gemma-3-270m").sha256}))
+    adapter = peft_dir(tmp_path / "adapter", base_model_name_or_path=str(base))
+    with pytest.raises(DataError, match=f"trained on {base}, which is not {qwen.name}"):
+        adapter_for(qwen, tmp_path / "absent.gguf", adapter, tmp_path / "a.gguf")
+    assert not (tmp_path / "a.gguf").exists()
