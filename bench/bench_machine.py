@@ -8,11 +8,13 @@ model `bench_step.py` trains (Qwen2.5-Coder-0.5B-Instruct, LoRA rank 8 on every 
              the shape of the model's MLP), and the CPU capability torch dispatches to
   decoder    forward and backward over one row of W positions (positions per second), with
              gradient checkpointing on and off, with no mask (causal) and with the 4D additive
-             mask prefix-tree rows use; W from --widths
+             mask prefix-tree rows use, in float32 and under bfloat16 autocast (dphil-train's
+             --autocast bf16); W from --widths
   llama.cpp  the same model's prompt and generation speed in llama.cpp's server, with and
              without a LoRA adapter written by dphil (tokens per second, the server's own timings)
 
-Writes OUT/machine.json and prints a table. Run it on an idle machine:
+Writes OUT/KIND.json (KIND: avx2, avx512 or avx512-amx, the CPU's matrix instructions) and
+prints each figure as it is measured. Run it on an idle machine:
 
     dphil-weights --model qwen2.5-coder-0.5b-instruct   # the transformers directory, once
     nice python bench/bench_machine.py [--widths 512,2048] [--threads 2] [--out bench/results/machine]
@@ -21,12 +23,15 @@ Writes OUT/machine.json and prints a table. Run it on an idle machine:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from bench_step import cpu_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -37,7 +42,8 @@ def matmul(torch, threads: int) -> dict:
     a, b = torch.randn(2048, 896), torch.randn(896, 4864)
     out = {"cpu_capability": torch.backends.cpu.get_cpu_capability()}
     out["native_bf16"] = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    for name, dtype, reps in (("float32", torch.float32, 5), ("bfloat16", torch.bfloat16, 1)):
+    bf16_reps = 5 if out["native_bf16"] else 1  # emulated, one product takes half a minute
+    for name, dtype, reps in (("float32", torch.float32, 5), ("bfloat16", torch.bfloat16, bf16_reps)):
         x, y = a.to(dtype), b.to(dtype)
         x @ y
         started = time.perf_counter()
@@ -48,7 +54,7 @@ def matmul(torch, threads: int) -> dict:
     return out
 
 
-def decoder(torch, model_dir: str, widths: list[int]) -> list[dict]:
+def decoder(torch, model_dir: str, widths: list[int], precisions: list[str]) -> list[dict]:
     import peft
     import transformers
 
@@ -67,26 +73,33 @@ def decoder(torch, model_dir: str, widths: list[int]) -> list[dict]:
             pos = torch.arange(width)[None]
             allowed = torch.tril(torch.ones(width, width, dtype=torch.bool))
             additive = torch.zeros(1, 1, width, width).masked_fill(~allowed, torch.finfo(torch.float32).min)
-            for mask in ("causal", "additive"):
-                kwargs = {"attention_mask": additive} if mask == "additive" else {}
-                started = time.perf_counter()
-                hidden = dec(input_ids=ids, position_ids=pos, use_cache=False, **kwargs).last_hidden_state
-                forward = time.perf_counter() - started
-                hidden[0, -16:].sum().backward()
-                total = time.perf_counter() - started
-                model.zero_grad(set_to_none=True)
-                rows.append(
-                    {
-                        "width": width,
-                        "checkpointing": checkpointing,
-                        "mask": mask,
-                        "forward_s": round(forward, 1),
-                        "total_s": round(total, 1),
-                        "positions_per_s": round(width / total, 1),
-                    }
-                )
-                print(json.dumps(rows[-1]), flush=True)
+            for precision in precisions:
+                for mask in ("causal", "additive"):
+                    rows.append(one_pass(torch, dec, model, ids, pos, additive, mask, precision))
+                    rows[-1] = {"width": width, "checkpointing": checkpointing, **rows[-1]}
+                    print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def one_pass(torch, dec, model, ids, pos, additive, mask: str, precision: str) -> dict:
+    """Forward and backward once over a row, the loss on its last 16 positions as a step's is."""
+    kwargs = {"attention_mask": additive} if mask == "additive" else {}
+    cast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    started = time.perf_counter()
+    with cast:
+        hidden = dec(input_ids=ids, position_ids=pos, use_cache=False, **kwargs).last_hidden_state
+        forward = time.perf_counter() - started
+        hidden[0, -16:].float().sum().backward()
+    total = time.perf_counter() - started
+    model.zero_grad(set_to_none=True)
+    width = ids.shape[1]
+    return {
+        "precision": precision,
+        "mask": mask,
+        "forward_s": round(forward, 1),
+        "total_s": round(total, 1),
+        "positions_per_s": round(width / total, 1),
+    }
 
 
 def llamacpp(gguf: Path, model_dir: str, threads: int) -> list[dict]:
@@ -134,6 +147,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="transformers directory (default: dphil's Qwen 0.5B conversion)")
     p.add_argument("--widths", default="512,2048")
+    p.add_argument("--precisions", default="float32,bf16", help="decoder passes: float32, bf16 (autocast)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "machine"))
     a = p.parse_args()
@@ -150,12 +164,14 @@ def main() -> None:
         "matmul": matmul(torch, a.threads),
     }
     print(json.dumps(result), flush=True)
-    result["decoder"] = decoder(torch, model_dir, [int(w) for w in a.widths.split(",")])
+    widths = [int(w) for w in a.widths.split(",")]
+    result["decoder"] = decoder(torch, model_dir, widths, a.precisions.split(","))
     result["llamacpp"] = llamacpp(gguf, model_dir, a.threads)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "machine.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out / 'machine.json'}")
+    path = out / f"{cpu_kind()}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

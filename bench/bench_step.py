@@ -7,6 +7,8 @@ plays the same episodes as long as its sampling arithmetic is the same (float32)
   plain     --pack-width 0: every reply scored on its own prompt, as before prefix trees
   tree      the default: a step's replies on prefix-tree rows, each shared prefix once per row
   bf16      the default with --autocast bf16 (sampling and training)
+  bf16w     the default with the base weights in bfloat16 (--dtype bfloat16; the adapter float32)
+  bf16wa    both: bfloat16 weights (no casts while sampling) and autocast (the adapter's products too)
   nockpt    rows of 1024 positions, activations kept (--no-gradient-checkpointing): the bare
             decoder trains faster so (bench_machine.py), but narrower rows repeat more prefixes
 
@@ -14,11 +16,15 @@ The phases come from the step's checkpoint record (`phase_seconds`: rollout, tra
 the positions the training forward passes computed from `positions`. The plain and tree
 variants must give the same gradient (same episodes, same arithmetic; the loss of a step's
 one update is the advantages' mean either way): the script prints the gradient norms'
-difference. Writes OUT/summary.json and OUT/summary.md.
+difference. Appends each variant's row to OUT/rows.jsonl as it finishes, then writes OUT/summary.json and
+OUT/summary.md.
 
     dphil-weights --model qwen2.5-coder-0.5b-instruct   # the transformers directory, once
     nice python bench/bench_step.py [--model DIR] [--variants plain,tree,bf16]
-        [-n 5] [--rounds 5] [--groups 2] [--group-size 3] [--out bench/results/step]
+        [-n 5] [--rounds 5] [--groups 2] [--group-size 3] [--out bench/results/step/KIND]
+
+KIND names the CPU's matrix instructions (avx2, avx512, avx512-amx): they decide whether
+bfloat16 is fast (bench_machine.py), so each kind of machine keeps its own figures.
 
 The study's step is the default size (2 groups x 3 episodes, N = 5, 5 rounds, LoRA rank 8).
 Needs `pip install -e '.[train,real]'` and /usr/bin/time.
@@ -43,6 +49,8 @@ VARIANTS = {
     "plain": ["--pack-width", "0"],
     "tree": [],
     "bf16": ["--autocast", "bf16"],
+    "bf16w": ["--dtype", "bfloat16"],
+    "bf16wa": ["--dtype", "bfloat16", "--autocast", "bf16"],
     "nockpt": ["--pack-width", "1024", "--no-gradient-checkpointing"],
 }
 
@@ -52,6 +60,17 @@ def tool(name: str) -> str:
     if found is None:
         sys.exit(f"bench_step: {name} is not installed (pip install -e '.[train,real]')")
     return found
+
+
+def cpu_kind() -> str:
+    """The CPU's matrix instructions, which decide float32 against bfloat16 (bench_machine.py)."""
+    try:
+        flags = set(re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M).group(1).split())
+    except (OSError, AttributeError):
+        return "unknown"
+    if "amx_bf16" in flags:
+        return "avx512-amx"
+    return "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
 
 
 def step(model: str, variant: str, a: argparse.Namespace, work: Path) -> dict:
@@ -71,6 +90,7 @@ def step(model: str, variant: str, a: argparse.Namespace, work: Path) -> dict:
     (record,) = [json.loads(x) for x in (run_dir / "checkpoints.jsonl").read_text().splitlines() if x.strip()]
     return {
         "variant": variant,
+        "cpu": cpu_kind(),
         "wall_s": round(wall, 1),
         "step_s": record["seconds"],
         **{f"{k}_s": v for k, v in record["phase_seconds"].items()},
@@ -110,7 +130,7 @@ def main() -> int:
     p.add_argument("--group-size", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "step")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "step" / cpu_kind())
     a = p.parse_args()
     model = a.model
     if model is None:
@@ -124,6 +144,8 @@ def main() -> int:
         for variant in a.variants.split(","):
             rows.append(step(model, variant, a, Path(tmp)))
             print(json.dumps(rows[-1]), flush=True)
+            with (a.out / "rows.jsonl").open("a") as journal:  # each variant kept as it finishes
+                journal.write(json.dumps(rows[-1]) + "\n")
     by = {r["variant"]: r for r in rows}
     if "plain" in by and "tree" in by:
         gap = abs(by["tree"]["grad_norm"] - by["plain"]["grad_norm"]) / by["plain"]["grad_norm"]

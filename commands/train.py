@@ -181,6 +181,7 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
     default="auto",
     show_default=True,
+    help="The base model's weights (auto: bfloat16 on a GPU, float32 on a CPU); the adapter stays float32.",
 )
 @click.option(
     "--micro-batch",
@@ -211,8 +212,9 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     type=click.Choice(["bf16"]),
     default=None,
     help="peft: matrix products in bfloat16 (torch.autocast), sampling and training; the adapter, "
-    "optimiser and loss stay float32. Emulated, and many times slower, on a CPU without bfloat16 "
-    "instructions (dphil-train warns); not faster in dphil's CPU step as measured (docs/training.md).",
+    "optimiser and loss stay float32. With --dtype bfloat16 the fastest step measured on a CPU with "
+    "AMX (docs/training.md); emulated, and many times slower, on a CPU without bfloat16 "
+    "instructions (dphil-train warns).",
 )
 @click.option(
     "--gradient-checkpointing/--no-gradient-checkpointing",

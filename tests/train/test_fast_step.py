@@ -4,8 +4,8 @@
 tests/local/test_logprobs.py); the default puts the step's replies on prefix-tree rows. Both
 backends start from the same adapter, play the same seeds with full memory (so prompts grow
 turn by turn and share their system prompt) and take one optimiser step on the same
-advantages: the sampled actions, the loss and the gradient must agree. bf16
-autocast is held to the float32 loss within the tolerance measured for it.
+advantages: the sampled actions, the loss and the gradient must agree. bf16 (autocast,
+bfloat16 base weights, or both) is held to the float32 loss within the tolerance measured for it.
 """
 
 from __future__ import annotations
@@ -81,11 +81,17 @@ def test_the_loss_and_the_update_are_the_same(steps):
     assert ts["positions"] < ps["positions"] / 2
 
 
-def test_bf16_autocast_keeps_the_loss_within_its_tolerance(tiny, prompt_file, steps):
+@pytest.mark.parametrize(
+    "kw",
+    [{"autocast": "bf16"}, {"dtype": "bfloat16"}, {"dtype": "bfloat16", "autocast": "bf16"}],
+    ids=["autocast", "bf16-weights", "bf16-weights+autocast"],
+)
+def test_bf16_keeps_the_loss_within_its_tolerance(tiny, prompt_file, steps, kw):
     (_, played, fp32) = steps["plain"]
-    b = backend(tiny, prompt_file, autocast="bf16")
+    b = backend(tiny, prompt_file, **kw)
     stats = b.train(samples_of(played))
-    # Same samples, same starting adapter: only the arithmetic differs. bfloat16 keeps 8 bits of
+    # Same samples, same starting adapter (float32 whatever the base weights' dtype, as peft
+    # keeps it): only the arithmetic differs. bfloat16 keeps 8 bits of
     # mantissa, so log-probabilities move by up to a few 1e-2 on this model; the loss averages them.
     assert stats["loss"] == pytest.approx(fp32["loss"], abs=0.05)
     assert stats["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=0.1)
@@ -98,5 +104,5 @@ def test_a_cpu_that_emulates_bf16_is_named_before_training():
     native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
     why = slow_bf16("cpu")
     assert (why is None) == native
-    if why is not None:  # this machine (AVX2): the warning says what torch runs on
+    if why is not None:  # an AVX2 machine: the warning says what torch runs on
         assert torch.backends.cpu.get_cpu_capability() in why and "emulated" in why
