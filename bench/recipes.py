@@ -28,6 +28,14 @@ smoke run keeps them in its work directory).
 
     nice -n 5 python bench/recipes.py                   # full size (see --help for the sizes)
     python bench/recipes.py --smoke                     # end to end in a few minutes (CI)
+    nice python bench/recipes.py --real [--seeds 0]     # Qwen2.5-Coder-0.5B-Instruct on the CPU
+
+--real trains the real instruction-tuned model dphil-weights assembles (or --base-model DIR)
+at the study's step size (2 groups x 3 episodes, N = 5, 5 rounds, the built-in prompt, full
+memory, constrained decoding), in bfloat16 where the CPU multiplies it natively; fewer
+steps and test episodes than the study, as the CPU budget forces (SIZES["real"]). Each
+training seed is a part: `--seeds 0`, then `--seeds 1`, ... resume and add to the same work
+directory; the report covers the seeds whose runs are complete.
     python bench/recipes.py --gpu --base-model Qwen/Qwen3-14B   # ART on a GPU (not run here)
 """
 
@@ -70,6 +78,19 @@ SIZES = {
         test_seeds="200000-200003",
         val_every=1,
         ablations="other,last",
+    ),
+    # The study's step on Qwen2.5-Coder-0.5B-Instruct on a CPU: fewer steps and test episodes.
+    "real": dict(
+        steps=8,
+        groups=2,
+        group_size=3,
+        rounds=5,
+        seeds="0,1,2",
+        val_seeds="100000-100003",
+        test_seeds="200000-200029",
+        val_every=2,
+        ablations="none",
+        n="5",
     ),
     # The study's sizes, on a GPU through ART: Qwen3-14B, N=5, 5 rounds, 16 steps of 2x3.
     "gpu": dict(
@@ -133,7 +154,7 @@ def arms(best: str, ablations: set[str]) -> dict[str, tuple[str, str]]:
 class Experiment:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.size = SIZES["smoke" if args.smoke else "gpu" if args.gpu else "full"]
+        self.size = SIZES[args.size]
         self.seeds = [int(s) for s in (args.seeds or self.size["seeds"]).split(",")]
         text = self.size["ablations"] if args.ablations is None else args.ablations
         self.ablations = {a for a in text.split(",") if a and a != "none"}
@@ -150,6 +171,11 @@ class Experiment:
     def model(self) -> str:
         if self.args.gpu:
             return self.args.base_model
+        if self.args.real:  # dphil-weights assembles, verifies and converts it once
+            return (
+                self.args.base_model
+                or check([tool("dphil-weights"), "-q", "--model", "qwen2.5-coder-0.5b-instruct"]).strip()
+            )
         final = self.work / "tiny-model"
         if not (final / "config.json").exists():
             staging = self.work / "model-staging"
@@ -162,6 +188,8 @@ class Experiment:
         s = self.size
         if self.args.gpu:  # ART generates free text with the built-in prompt and full memory
             return ["--rounds", str(s["rounds"])]
+        if self.args.real:  # the study's prompt and memory; choices scored, never misparsed
+            return ["--rounds", str(s["rounds"]), "--memory", "full", "--decode", "constrained", "--threads", "2"]
         prompt = self.work / "prompt.txt"
         if not prompt.exists():
             atomic_write(prompt, PROMPT)
@@ -183,11 +211,12 @@ class Experiment:
         run_dir = self.work / f"run-{name}-s{seed}"
         if len(journal(run_dir)) >= s["steps"]:
             return None  # done
-        backend = (
-            ["--backend", "art", "--max-new-tokens", "256"]
-            if self.args.gpu
-            else ["--backend", "peft", "--lr", str(self.args.lr), "--micro-batch", "96"]
-        )
+        if self.args.gpu:
+            backend = ["--backend", "art", "--max-new-tokens", "256"]
+        elif self.args.real:
+            backend = ["--backend", "peft", "--lr", str(self.args.lr), *self.args.autocast]
+        else:
+            backend = ["--backend", "peft", "--lr", str(self.args.lr), "--micro-batch", "96"]
         return (
             f"train-{name}-s{seed}",
             [
@@ -218,7 +247,7 @@ class Experiment:
                 "--val-seeds",
                 s["val_seeds"],
                 "--val-n",
-                "3,5",
+                s.get("n", "3,5"),
                 *self.common(),
                 "--episodes-out",
                 rel(self.work / f"ep-{name}-s{seed}.jsonl"),
@@ -238,11 +267,16 @@ class Experiment:
 
     def test_job(self, arm: str, source: list[str], path: Path) -> tuple[str, list[str]] | None:
         s = self.size
-        expected = 2 * len(expand(s["test_seeds"])) * (len(source) // 2 if source[0] == "--checkpoints" else 1)
+        sizes = len(s.get("n", "3,5").split(","))
+        adapters = len(source) // 2 if source[0] == "--checkpoints" else 1
+        expected = sizes * len(expand(s["test_seeds"])) * adapters
         if complete_lines(path) >= expected:
             return None
         # On a GPU the adapters ART trained on free text are evaluated on free text too.
-        batch = ["--decode", "free"] if self.args.gpu else ["--batch", "32", "--threads", "1"]
+        if self.args.gpu:
+            batch = ["--decode", "free"]
+        else:
+            batch = ["--batch", "6"] if self.args.real else ["--batch", "32", "--threads", "1"]
         return (
             f"test-{arm}-{path.stem}",
             [
@@ -252,7 +286,7 @@ class Experiment:
                 "--seeds",
                 s["test_seeds"],
                 "-n",
-                "3,5",
+                s.get("n", "3,5"),
                 "--tag",
                 f"recipe={arm}",
                 *self.common(),
@@ -267,7 +301,8 @@ class Experiment:
     def run(self) -> None:
         t0 = time.monotonic()
         model = self.model()
-        width = 1 if self.args.gpu else self.args.jobs  # one ART trainer per GPU
+        # one ART trainer per GPU; a real model's command uses both cores
+        width = 1 if self.args.gpu or self.args.real else self.args.jobs
         # Phase 1: the recipes that do not depend on the validation choice, and the base model.
         first = recipes(self.size["steps"], None, self.ablations)
         jobs = [j for name, r in first.items() for seed in self.seeds if (j := self.train_job(name, r, seed, model))]
@@ -352,8 +387,8 @@ class Experiment:
             "advantage_choice": json.loads((self.work / "choice.json").read_text()),
             "recipes": full,
             "arms": {a: list(v) for a, v in arms(best, self.ablations).items()},
-            "model": self.args.base_model
-            if self.args.gpu
+            "model": self.model()
+            if self.args.gpu or self.args.real
             else "tests/support/tinymodel.py tiny random Qwen3 + single-token action names (bench/train_curve.py)",
             "lr": self.args.lr,
             "seconds": round(seconds),
@@ -502,6 +537,15 @@ def complete_lines(path: Path) -> int:
     return n
 
 
+def native_bf16() -> bool:
+    """Whether the CPU multiplies bfloat16 matrices natively (AMX or AVX-512 BF16): 6x float32 then."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
 def expand(text: str) -> list[int]:
     from dphil.rollout.grid import parse_int_list
 
@@ -514,29 +558,50 @@ def main() -> None:
     ap.add_argument(
         "--gpu", action="store_true", help="ART on a CUDA GPU at the study's sizes (needs openpipe-art[backend])."
     )
-    ap.add_argument("--base-model", default="Qwen/Qwen3-14B", help="--gpu: the model to train.")
+    ap.add_argument(
+        "--real", action="store_true", help="Qwen2.5-Coder-0.5B-Instruct on the CPU (peft) at the 'real' size."
+    )
+    ap.add_argument(
+        "--base-model",
+        default=None,
+        help="--gpu: the model to train [Qwen/Qwen3-14B]; --real: a transformers directory [dphil-weights' Qwen 0.5B].",
+    )
     ap.add_argument("--seeds", default=None, help="Training seeds (comma list) [default: per size].")
     ap.add_argument(
         "--ablations",
         default=None,
         metavar="LIST",
-        help=f"Ablation arms, from {','.join(ABLATIONS)} or none [default: all; smoke: other,last].",
+        help=f"Ablation arms, from {','.join(ABLATIONS)} or none [default: all; smoke: other,last; real: none].",
     )
-    ap.add_argument("--lr", type=float, default=3e-3, help="peft learning rate (tiny model).")
+    ap.add_argument("--lr", type=float, default=None, help="peft learning rate [tiny model 3e-3; --real 1e-4].")
+    ap.add_argument(
+        "--autocast",
+        choices=("auto", "bf16", "none"),
+        default="auto",
+        help="--real: train in bfloat16, activations kept (auto: where the CPU has bfloat16 instructions).",
+    )
     ap.add_argument("--jobs", type=int, default=2, help="Commands in parallel (1 thread each).")
     ap.add_argument("--work", type=Path, default=None, help="Work files [bench/out/recipes[-smoke]].")
     ap.add_argument(
         "--out",
         type=Path,
         default=None,
-        help="Tables, plots, summary [bench/results/recipes[-gpu]; smoke: WORK/results].",
+        help="Tables, plots, summary [bench/results/recipes[-gpu,-real]; smoke: WORK/results].",
     )
     args = ap.parse_args()
-    if args.smoke and args.gpu:
-        ap.error("--smoke and --gpu are different sizes")
+    if args.smoke + args.gpu + args.real > 1:
+        ap.error("--smoke, --gpu and --real are different sizes")
+    args.size = "smoke" if args.smoke else "gpu" if args.gpu else "real" if args.real else "full"
+    if args.gpu and args.base_model is None:
+        args.base_model = "Qwen/Qwen3-14B"
+    if args.lr is None:
+        args.lr = 1e-4 if args.real else 3e-3
+    bf16 = args.autocast == "bf16" or (args.autocast == "auto" and native_bf16())
+    # The fastest step measured on such a CPU (docs/training.md); float32 and checkpointing elsewhere.
+    args.autocast = ["--dtype", "bfloat16", "--autocast", "bf16", "--no-gradient-checkpointing"] if bf16 else []
     # SIGTERM (kill, scancel) unwinds like Ctrl-C, so the running commands are stopped with us.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    tag = "-smoke" if args.smoke else "-gpu" if args.gpu else ""
+    tag = {"full": ""}.get(args.size, f"-{args.size}")
     args.work = args.work or ROOT / "bench" / "out" / f"recipes{tag}"
     # Only the full size's results are committed; a smoke run's stay with its work files.
     args.out = args.out or (args.work / "results" if args.smoke else ROOT / "bench" / "results" / f"recipes{tag}")
