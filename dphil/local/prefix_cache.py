@@ -7,7 +7,11 @@ cache of every prompt is kept; a later prompt that extends a kept one computes o
 after it, then its K candidate replies as branches (a mask lets each candidate token see the
 conversation and its own earlier tokens, at positions continuing the prompt's), and the cache
 is cut back to the prompt for the next round. The values are those of a forward pass over the
-whole prompt (the same keys at the same positions).
+whole prompt (the same keys at the same positions). Equal prompts (a group's episodes play
+the same scenario, so their first prompts are) are scored once, a prompt kept whole is reused
+up to its last token, and a round's conversations are extended together, padded into one
+batch per call: on a CPU a decoder call costs about the same for a few dozen new positions as
+for a few hundred (docs/training.md), so thirty calls a round would cost thirty times one.
 
 Sampling only: nothing here keeps a gradient. Kept caches hold at most `budget` positions
 (least recently used go first); `clear` drops them all, and must be called whenever the weights
@@ -17,7 +21,6 @@ need the window too): `supports` says which are.
 
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -49,65 +52,118 @@ class PrefixCache:
         self.entries.clear()
 
     def candidate_logprobs(self, prompts: Sequence[list[int]], cands: list[list[int]], *, temperature: float) -> Any:
-        """[D, K]: each candidate's log-probability among the K after each prompt (no gradient)."""
+        """[D, K]: each candidate's log-probability among the K after each prompt (no gradient).
+
+        Equal prompts are scored once. The others are extended together, a batch per call of
+        the decoder: a call reads every weight once whether it computes a few dozen positions
+        or a few hundred, so one call per conversation would cost the weights thirty times a
+        round. Batches group prompts by how many new tokens they bring, so padding stays small.
+        """
         torch = self.lm.torch
+        temperature = temperature or 1.0
+        unique = list(dict.fromkeys(tuple(p) for p in prompts))
+        scores: dict[tuple[int, ...], Any] = {}
         with torch.no_grad():
-            rows = [self._one(list(p), cands, temperature or 1.0) for p in prompts]
-        return torch.log_softmax(torch.stack(rows), dim=-1)
+            starts = {ids: self._start(list(ids)) for ids in unique}
+            for batch in _batches(unique, {ids: len(ids) - starts[ids][0] for ids in unique}):
+                rows = self._extend([list(ids) for ids in batch], [starts[ids] for ids in batch], cands, temperature)
+                scores.update(zip(batch, rows, strict=True))
+            stacked = torch.stack([scores[tuple(p)] for p in prompts])
+        return torch.log_softmax(stacked, dim=-1)
 
     def _longest(self, prompt: list[int]) -> tuple[tuple[int, ...], Any] | None:
-        """The kept prompt that `prompt` extends by at least one token, the longest such."""
+        """The longest kept prompt that `prompt` extends or equals."""
         best = None
         for ids in self.entries:
-            if len(ids) < len(prompt) and (best is None or len(ids) > len(best)) and tuple(prompt[: len(ids)]) == ids:
+            if len(ids) <= len(prompt) and (best is None or len(ids) > len(best)) and tuple(prompt[: len(ids)]) == ids:
                 best = ids
         return None if best is None else (best, self.entries[best])
 
-    def _one(self, prompt: list[int], cands: list[list[int]], temperature: float) -> Any:
+    def _start(self, prompt: list[int]) -> tuple[int, Any]:
+        """(positions taken from a kept cache, its [(keys, values)] per layer, or None)."""
+        found = self._longest(prompt)
+        if found is None:
+            return 0, None
+        past = len(found[0])
+        # Kept whole: its last token again, for the candidates' first.
+        return (past - 1, found[1]) if past == len(prompt) else (past, found[1])
+
+    def _extend(self, prompts: list[list[int]], starts: list[tuple[int, Any]], cands, temperature: float) -> list:
+        """Each prompt's K candidate scores (unnormalised), its new tokens computed in one batch.
+
+        Row d holds its kept keys and values right-aligned in the first P columns, then its new
+        tokens, the candidates and padding. Query i of row d may see its own kept columns, its
+        new tokens up to itself (a candidate: all of them), and within the candidates only its
+        own earlier tokens and itself; a padding query sees itself only.
+        """
+        from transformers import DynamicCache
+
         lm = self.lm
         torch = lm.torch
         decoder, lm_head, _ = lm._parts()
-        found = self._longest(prompt)
-        # A copy: the same kept prompt may be extended by several replies (a group's episodes).
-        past_len, cache = (len(found[0]), copy.deepcopy(found[1])) if found else (0, None)
-        new = prompt[past_len:]
         tail = [t for c in cands for t in c]
-        seg = [j for j, c in enumerate(cands) for _ in c]
-        off = [t for c in cands for t in range(len(c))]
-        n, m = len(new), len(tail)
-        q = n + m
-        pos = torch.tensor([past_len + i for i in range(n)] + [past_len + n + o for o in off])
-        # Query i may see: everything kept, the new tokens up to itself (a candidate: all of them),
-        # and within the candidates only its own earlier tokens and itself.
-        allowed = torch.ones((q, past_len + q), dtype=torch.bool)
-        new_cols = torch.arange(n)
-        allowed[:n, past_len : past_len + n] = new_cols[None, :] <= new_cols[:, None]
-        allowed[:n, past_len + n :] = False
-        seg_t, off_t = torch.tensor(seg), torch.tensor(off)
-        allowed[n:, past_len + n :] = (seg_t[:, None] == seg_t[None, :]) & (off_t[None, :] <= off_t[:, None])
-        kv_pos = torch.cat([torch.arange(past_len), pos])
-        masks = layer_masks(torch, allowed[None], kv_pos[None], decoder.config, lm_head.weight.dtype)
+        seg_t = torch.tensor([j for j, c in enumerate(cands) for _ in c])
+        off_t = torch.tensor([t for c in cands for t in range(len(c))])
+        m, d = len(tail), len(prompts)
+        pasts = [past for past, _ in starts]
+        news = [p[past:] for p, past in zip(prompts, pasts, strict=True)]
+        big_p, big_q = max(pasts), max(len(n) for n in news) + m
+        ids = torch.full((d, big_q), lm.tokenizer.pad_token_id or 0, dtype=torch.long)
+        pos = torch.zeros((d, big_q), dtype=torch.long)
+        allowed = torch.zeros((d, big_q, big_p + big_q), dtype=torch.bool)
+        cand_block = (seg_t[:, None] == seg_t[None, :]) & (off_t[None, :] <= off_t[:, None])
+        for r, (new, past) in enumerate(zip(news, pasts, strict=True)):
+            n = len(new)
+            ids[r, : n + m] = torch.tensor(new + tail)
+            pos[r, :n] = torch.arange(past, past + n)
+            pos[r, n : n + m] = past + n + off_t
+            allowed[r, : n + m, big_p - past : big_p] = True
+            allowed[r, :n, big_p : big_p + n] = torch.ones((n, n), dtype=torch.bool).tril()
+            allowed[r, n : n + m, big_p : big_p + n] = True
+            allowed[r, n : n + m, big_p + n : big_p + n + m] = cand_block
+            free = torch.arange(n + m, big_q)
+            allowed[r, free, big_p + free] = True
+        kept = None
+        if big_p:
+            layers = []
+            for layer in range(len(next(s for _, s in starts if s is not None))):
+                k0, v0 = next(s for _, s in starts if s is not None)[layer]
+                keys = k0.new_zeros((d, k0.shape[1], big_p, k0.shape[3]))
+                values = v0.new_zeros((d, v0.shape[1], big_p, v0.shape[3]))
+                for r, (past, state) in enumerate(starts):
+                    if past:
+                        keys[r, :, big_p - past :] = state[layer][0][0, :, :past]
+                        values[r, :, big_p - past :] = state[layer][1][0, :, :past]
+                layers.append((keys, values))
+            kept = DynamicCache(ddp_cache_data=layers)
+        kv_pos = torch.cat([torch.zeros((d, big_p), dtype=torch.long), pos], dim=1)
+        masks = layer_masks(torch, allowed, kv_pos, decoder.config, lm_head.weight.dtype)
         out = decoder(
-            input_ids=torch.tensor([new + tail], device=lm.device),
-            position_ids=pos[None].to(lm.device),
+            input_ids=ids.to(lm.device),
+            position_ids=pos.to(lm.device),
             attention_mask={k: v.to(lm.device) for k, v in masks.items()} if isinstance(masks, dict) else masks,
-            past_key_values=cache if cache is not None else _empty_cache(),
+            past_key_values=kept if kept is not None else DynamicCache(),
             use_cache=True,
         )
-        hidden = out.last_hidden_state[0]
-        cache = out.past_key_values
-        cache.crop(-m)  # the candidates out: the cache holds the prompt again
-        self.reused += past_len
-        self.computed += q
-        self._keep(tuple(prompt), cache)
-        # Each candidate's first token from the prompt's last position, its later ones from the
-        # position before them inside the candidate.
-        columns = [n - 1 if o == 0 else n + i - 1 for i, o in enumerate(off)]
-        flat = lm._head_logprobs(
-            hidden[columns], torch.tensor(tail, device=hidden.device).unsqueeze(-1), temperature
-        ).squeeze(-1)
-        scores = torch.zeros(len(cands), dtype=flat.dtype, device=flat.device)
-        return scores.index_add(0, seg_t.to(flat.device), flat)
+        hidden, cache = out.last_hidden_state, out.past_key_values
+        columns = []
+        for r, (prompt, new, past) in enumerate(zip(prompts, news, pasts, strict=True)):
+            n = len(new)
+            # The kept columns and the new ones are adjacent: the prompt's cache, copied out of the batch.
+            span = slice(big_p - past, big_p + n)
+            state = [(x.keys[r : r + 1, :, span].clone(), x.values[r : r + 1, :, span].clone()) for x in cache.layers]
+            self._keep(tuple(prompt), state)
+            self.reused += past
+            self.computed += n + m
+            # Each candidate's first token from the prompt's last position, its later ones from
+            # the position before them inside the candidate.
+            columns.append(torch.where(off_t == 0, n - 1, n + torch.arange(m) - 1))
+        picked = torch.stack([hidden[r, c] for r, c in enumerate(columns)])  # [D, m, H]
+        targets = torch.tensor(tail, device=hidden.device).repeat(d).unsqueeze(-1)
+        flat = lm._head_logprobs(picked.reshape(d * m, -1), targets, temperature).view(d, m)
+        scores = torch.zeros((d, len(cands)), dtype=flat.dtype, device=flat.device)
+        scores = scores.index_add(1, seg_t.to(flat.device), flat)
+        return list(scores)
 
     def _keep(self, ids: tuple[int, ...], cache: Any) -> None:
         self.entries[ids] = cache
@@ -116,7 +172,17 @@ class PrefixCache:
             self.entries.popitem(last=False)
 
 
-def _empty_cache() -> Any:
-    from transformers import DynamicCache
+# Prompts in one batch bring at most this many times the fewest new tokens (plus a margin):
+# padding every row to the longest would otherwise multiply a round's work.
+SPREAD, MARGIN = 2, 32
 
-    return DynamicCache()
+
+def _batches(prompts: list[tuple[int, ...]], new: dict[tuple[int, ...], int]) -> list[list[tuple[int, ...]]]:
+    """Prompts grouped by their count of new tokens, fewest first."""
+    out: list[list[tuple[int, ...]]] = []
+    for ids in sorted(prompts, key=new.__getitem__):
+        if out and new[ids] <= SPREAD * new[out[-1][0]] + MARGIN:
+            out[-1].append(ids)
+        else:
+            out.append([ids])
+    return out

@@ -71,3 +71,41 @@ def test_sampling_keeps_conversations_only_where_the_masks_allow(lm):
     sliding = "sliding_attention" in (getattr(lm.model.config, "layer_types", None) or [])
     assert (lm.prompt_cache is None) == sliding
     assert PrefixCache.supports(lm.model.config) == (not sliding)
+
+
+def test_equal_prompts_are_scored_once_and_a_kept_one_up_to_its_last_token(lm):
+    """A group's episodes start from equal prompts: one call scores them once, a later call reuses them."""
+    from dphil.local.prefix_cache import PrefixCache
+
+    if not PrefixCache.supports(lm.model.config):
+        pytest.skip("sliding-window layers are not cached")
+    torch = lm.torch
+    cands = lm.candidate_ids(ACTIONS)
+    m = sum(len(c) for c in cands)
+    prompt = lm.prompt_ids([{"role": "user", "content": "You are philosopher 2. Round 1."}])
+    cache = PrefixCache(lm)
+    got = cache.candidate_logprobs([prompt, prompt], cands, temperature=0.8)
+    assert (cache.reused, cache.computed) == (0, len(prompt) + m)
+    again = cache.candidate_logprobs([prompt], cands, temperature=0.8)
+    assert (cache.reused, cache.computed) == (len(prompt) - 1, len(prompt) + m + 1 + m)
+    with torch.no_grad():
+        whole = lm.candidate_logprobs([prompt], cands, temperature=0.8)
+    assert torch.allclose(got, whole.expand(2, -1), **LOGPROB_TOLERANCE)
+    assert torch.allclose(again, whole, **LOGPROB_TOLERANCE)
+    # One batch holding a conversation that extends a kept one and one that starts afresh.
+    first = {"role": "user", "content": "You are philosopher 2. Round 1."}
+    longer = lm.prompt_ids([first, {"role": "assistant", "content": "ACTION: eat"}])
+    fresh = lm.prompt_ids([{"role": "user", "content": "You are philosopher 4. Round 1, and the table is full."}])
+    reused = cache.reused
+    mixed = cache.candidate_logprobs([longer, fresh], cands, temperature=0.8)
+    assert cache.reused == reused + len(prompt)  # the first row from its kept cache, the second none
+    with torch.no_grad():
+        whole = lm.candidate_logprobs([longer, fresh], cands, temperature=0.8)
+    assert torch.allclose(mixed, whole, **LOGPROB_TOLERANCE)
+
+
+def test_a_round_is_batched_by_new_tokens_with_little_padding():
+    from dphil.local.prefix_cache import _batches
+
+    new = {(1,): 1, (2,): 30, (3,): 40, (4,): 112, (5,): 500}  # 112 = 2 x 40 + 32
+    assert _batches(list(new), new) == [[(1,), (2,)], [(3,), (4,)], [(5,)]]
