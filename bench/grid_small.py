@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -110,7 +111,14 @@ def run_step(part: str, model: str, n: int, args: tuple[str, ...], episodes: int
         return
     print(f"grid_small: {part} N={n} ({before}/{episodes} done)", file=sys.stderr, flush=True)
     started = time.monotonic()
-    proc = subprocess.run(cmd)
+    proc = subprocess.Popen(cmd)
+    # SIGTERM (kill, scancel) goes on to the rollout, which stops its own llama.cpp server and
+    # keeps its journal whole; then this script stops too, with the step's row written.
+    previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
+    try:
+        proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     wall = time.monotonic() - started
     written = _count(journal, n) - before
     with open(OUT / "timings.jsonl", "a", encoding="utf-8") as fh:
@@ -123,6 +131,8 @@ def run_step(part: str, model: str, n: int, args: tuple[str, ...], episodes: int
             "rc": proc.returncode,
         }
         fh.write(json.dumps(row) + "\n")
+    if proc.returncode in (-signal.SIGTERM, 143):
+        sys.exit(f"grid_small: stopped during {part} N={n}; run it again to resume")
     if proc.returncode not in (0, 75):
         sys.exit(f"grid_small: {part} N={n} failed with exit status {proc.returncode}")
 

@@ -188,6 +188,8 @@ def run_training(cfg: TrainConfig, make_backend: Callable[[str | None], Backend]
             phases["save"] = time.monotonic() - started - sum(phases.values())
             record = _checkpoint_record(cfg, backend, step, path, sizes, seeds, groups, stats, state, run_id)
             record["phase_seconds"] = {k: round(v, 3) for k, v in phases.items()}
+            if hasattr(backend, "arithmetic"):  # peft: the dtype, autocast and layout of the step
+                record["arithmetic"] = backend.arithmetic()
             episodes = [ep.record for g in groups for ep in g.episodes]
             if cfg.val_every and (step % cfg.val_every == 0 or step == cfg.steps):
                 val_eps = _validate(cfg, backend, step, path)

@@ -138,6 +138,17 @@ class PeftBackend:
             "memory": "full" if s.memory is None else ("none" if s.memory == 0 else f"window:{s.memory}"),
         }
 
+    def arithmetic(self) -> dict[str, Any]:
+        """How a step computes, for its checkpoint record: bfloat16 samples other episodes than float32."""
+        s = self.settings
+        return {
+            "device": str(self.lm.device),
+            "dtype": str(self.lm.dtype).removeprefix("torch."),
+            "autocast": s.autocast,
+            "gradient_checkpointing": s.gradient_checkpointing,
+            "pack_width": s.pack_width,
+        }
+
     def rollout(self, configs: Sequence[EpisodeConfig], *, seed: int) -> list[Played]:
         self.lm.model.eval()
         s = self.settings

@@ -64,6 +64,14 @@ def test_step_mode_is_recorded_in_every_checkpoint_and_the_run_settings(tiny, pr
         assert r["advantage_groups"] >= 2 * 3
         assert 0 <= r["advantage_tied_groups"] <= r["advantage_groups"]
         assert r["trained_samples"] > 0
+        # How the step computed, with each checkpoint: the defaults on a CPU.
+        assert r["arithmetic"] == {
+            "device": "cpu",
+            "dtype": "float32",
+            "autocast": None,
+            "gradient_checkpointing": True,
+            "pack_width": 2048,
+        }
         validator(r)
     settings = json.loads((run_dir / "run.json").read_text())
     assert settings["advantage"] == {"mode": "step", "gamma": 0.9, "weight": 0.5, "blame": "hold-and-wait"}

@@ -96,6 +96,9 @@ def test_bf16_keeps_the_loss_within_its_tolerance(tiny, prompt_file, steps, kw):
     assert stats["loss"] == pytest.approx(fp32["loss"], abs=0.05)
     assert stats["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=0.1)
     assert all(p.dtype == torch.float32 for p in b.lm.model.parameters() if p.requires_grad)
+    # The checkpoint record says which arithmetic the step used.
+    assert b.arithmetic()["dtype"] == kw.get("dtype", "float32")
+    assert b.arithmetic()["autocast"] == kw.get("autocast")
 
 
 def test_a_cpu_that_emulates_bf16_is_named_before_training():
