@@ -123,26 +123,14 @@ class PrefixCache:
             allowed[r, n : n + m, big_p + n : big_p + n + m] = cand_block
             free = torch.arange(n + m, big_q)
             allowed[r, free, big_p + free] = True
-        kept = None
-        if big_p:
-            layers = []
-            for layer in range(len(next(s for _, s in starts if s is not None))):
-                k0, v0 = next(s for _, s in starts if s is not None)[layer]
-                keys = k0.new_zeros((d, k0.shape[1], big_p, k0.shape[3]))
-                values = v0.new_zeros((d, v0.shape[1], big_p, v0.shape[3]))
-                for r, (past, state) in enumerate(starts):
-                    if past:
-                        keys[r, :, big_p - past :] = state[layer][0][0, :, :past]
-                        values[r, :, big_p - past :] = state[layer][1][0, :, :past]
-                layers.append((keys, values))
-            kept = DynamicCache(ddp_cache_data=layers)
+        kept = _padded(starts, big_p) if big_p else DynamicCache()
         kv_pos = torch.cat([torch.zeros((d, big_p), dtype=torch.long), pos], dim=1)
         masks = layer_masks(torch, allowed, kv_pos, decoder.config, lm_head.weight.dtype)
         out = decoder(
             input_ids=ids.to(lm.device),
             position_ids=pos.to(lm.device),
             attention_mask={k: v.to(lm.device) for k, v in masks.items()} if isinstance(masks, dict) else masks,
-            past_key_values=kept if kept is not None else DynamicCache(),
+            past_key_values=kept,
             use_cache=True,
         )
         hidden, cache = out.last_hidden_state, out.past_key_values
@@ -170,6 +158,23 @@ class PrefixCache:
         self.entries.move_to_end(ids)
         while len(self.entries) > 1 and sum(len(k) for k in self.entries) > self.budget:
             self.entries.popitem(last=False)
+
+
+def _padded(starts: list[tuple[int, Any]], width: int) -> Any:
+    """The rows' kept keys and values, right-aligned in `width` columns (zeros before: masked)."""
+    from transformers import DynamicCache
+
+    first = next(state for _, state in starts if state is not None)
+    layers = []
+    for layer, (k0, v0) in enumerate(first):
+        keys = k0.new_zeros((len(starts), k0.shape[1], width, k0.shape[3]))
+        values = v0.new_zeros((len(starts), v0.shape[1], width, v0.shape[3]))
+        for r, (past, state) in enumerate(starts):
+            if past:
+                keys[r, :, width - past :] = state[layer][0][0, :, :past]
+                values[r, :, width - past :] = state[layer][1][0, :, :past]
+        layers.append((keys, values))
+    return DynamicCache(ddp_cache_data=layers)
 
 
 # Prompts in one batch bring at most this many times the fewest new tokens (plus a margin):
