@@ -64,11 +64,18 @@ def tool(name: str) -> str:
     return found
 
 
+def cpu_flags() -> set[str]:
+    """The first CPU's feature flags (/proc/cpuinfo); empty where they cannot be read."""
+    try:
+        return set(re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M).group(1).split())
+    except (OSError, AttributeError):
+        return set()
+
+
 def cpu_kind() -> str:
     """The CPU's matrix instructions, which decide float32 against bfloat16 (bench_machine.py)."""
-    try:
-        flags = set(re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M).group(1).split())
-    except (OSError, AttributeError):
+    flags = cpu_flags()
+    if not flags:
         return "unknown"
     if "amx_bf16" in flags:
         return "avx512-amx"

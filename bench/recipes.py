@@ -53,6 +53,7 @@ from statistics import mean
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import contextlib
 
+from bench_step import cpu_flags
 from train_curve import ROOT, build_model, check, read_jsonl, rel, run_jobs, tool
 
 SIZES = {
@@ -539,11 +540,7 @@ def complete_lines(path: Path) -> int:
 
 def native_bf16() -> bool:
     """Whether the CPU multiplies bfloat16 matrices natively (AMX or AVX-512 BF16): 6x float32 then."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+    return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
 
 
 def expand(text: str) -> list[int]:

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-
-from tests.support.commands import ROOT
+from tests.support.commands import ROOT, load_script
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("man_generate", ROOT / "man" / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("man/generate.py")
 
 
 def test_man_pages_match_the_commands(tmp_path):

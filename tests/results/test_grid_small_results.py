@@ -7,22 +7,17 @@ that was never retried stays and is counted as an error.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
-from pathlib import Path
 
 from dphil.io.console_scripts import locate
+from tests.support.commands import ROOT, load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 GRID = ROOT / "bench" / "results" / "grid_small" / "episodes"
 
 
 def grid_small():
-    spec = importlib.util.spec_from_file_location("grid_small", ROOT / "bench" / "grid_small.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/grid_small.py")
 
 
 def test_a_retried_error_is_left_out_and_a_lone_one_kept(tmp_path):

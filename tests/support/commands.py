@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,17 @@ from dphil.io.console_scripts import locate
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+
+
+def load_script(relative: str) -> Any:
+    """A script of the repository that is not a package module (man/generate.py, bench/...), imported."""
+    import importlib.util
+
+    path = ROOT / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def command_path(name: str) -> str:
