@@ -27,7 +27,6 @@ import json
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -159,12 +158,10 @@ def report() -> None:
     comparisons += [("part", "q05-tools", "q15-tools"), ("part", "q05-text", "q15-text")]
     base = _ablation_base()
     comparisons += [("part", base, f"abl-{a}") for a in ABLATIONS]
-    work = Path(tempfile.mkdtemp(prefix="grid-small-"))
-    views = [_retried_view(j, work) for j in journals]
     for reward, flag in (("shaped", ["--shaped"]), ("paper", [])):
         scored = OUT / f"scored-{reward}.jsonl"
         with open(scored, "wb") as fh:
-            subprocess.run([tool("dphil-score"), *flag, *map(str, views)], stdout=fh, check=True)
+            subprocess.run([tool("dphil-score"), *flag, *map(str, journals)], stdout=fh, check=True)
         present = {json.loads(line).get("part") for line in scored.read_text().splitlines()}
         args = [tool("dphil-stats"), str(scored), "--by", "part,n", "--format", "markdown", "-q"]
         for field, a, b in comparisons:
@@ -174,25 +171,6 @@ def report() -> None:
             subprocess.run(args, stdout=fh, check=True)
         print(f"grid_small: wrote {OUT / f'report-{reward}.md'}", file=sys.stderr)
     (OUT / "timings.md").write_text(timings_table())
-
-
-def _retried_view(journal: Path, work: Path) -> Path:
-    """The journal without the errored attempts that a resumed run retried to completion.
-
-    `--resume` appends the retry of an errored episode under the same episode id; the attempt
-    stays in the journal as a record of what happened, and is left out here (and counted on
-    stderr) so that each episode is read once. Errors never retried stay in.
-    """
-    lines = journal.read_text(encoding="utf-8").splitlines()
-    records = [json.loads(line) for line in lines if line.strip()]
-    complete = {r.get("episode_id") for r in records if r.get("status") == "complete"}
-    kept = [r for r in records if r.get("status") == "complete" or r.get("episode_id") not in complete]
-    if len(kept) == len(records):
-        return journal
-    print(f"grid_small: {journal.name}: {len(records) - len(kept)} errored attempt(s) retried", file=sys.stderr)
-    view = work / journal.name
-    view.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-    return view
 
 
 def timings_table() -> str:

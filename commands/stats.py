@@ -112,8 +112,9 @@ comparisons are Holm-adjusted (--adjust). Errored episodes are counted and left 
     type=click.Choice(["fail", "first"]),
     default="fail",
     show_default=True,
-    help="An episode_id read before (the same file twice, overlapping shards): fail names both lines "
-    "(exit 65); first keeps the first and reports how many repeats were dropped on stderr.",
+    help="An episode_id read complete before (the same file twice, overlapping shards): fail names both "
+    "lines (exit 65); first keeps the first and reports how many repeats were dropped on stderr. "
+    "Either way an errored attempt of an episode read again (a --resume retry) is left out and counted.",
 )
 @output_option
 @wait_lock_option

@@ -1,10 +1,12 @@
 """Scored episodes read chunk by chunk into running totals: memory follows the cells, not the input.
 
-Each source is read in chunks of about CHUNK_BYTES of whole lines; a line longer than
+Each source is read in chunks of about `chunks.CHUNK_BYTES` of whole lines; a line longer than
 `dphil.io.jsonl.MAX_LINE` is refused (or, with `--on-error skip`, skipped) without being held
 whole. Polars parses a chunk with an explicit schema (`dphil.results.fields`) that names only
 the fields statistics need, into one derived row per episode; the rows are checked for
-`episode_id`s read before (`--dedupe`), folded into the running totals of
+`episode_id`s read before (`--dedupe`; an errored attempt of an episode also read complete is
+left out whichever comes first, as `dphil-rollout --resume` retries errors under the same id),
+folded into the running totals of
 `dphil.results.tally` and dropped. dphil-stats thus holds one chunk, each cell's totals, the
 compared arms' values and the ids seen, however large its input.
 
@@ -18,8 +20,7 @@ with `dphil.io.jsonl.RecordReader`, which reports the first bad line as `file:li
 from __future__ import annotations
 
 import io
-import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -28,13 +29,11 @@ import polars as pl
 
 from dphil.core.records import MAX_MAGNITUDE, SCHEMA_VERSIONS
 from dphil.io.errors import DataError, UsageError
-from dphil.io.jsonl import MAX_LINE, RecordReader, open_input, source_name
+from dphil.io.jsonl import RecordReader, open_input, source_name
+from dphil.results.chunks import line_chunks
 from dphil.results.fields import _DERIVED, _KNOWN, _RAW, Compare, check_fields, derived_row
-from dphil.results.tally import Arms, Key, SeenIds, Totals
+from dphil.results.tally import Arms, Key, Repeat, SeenIds, Totals
 
-CHUNK_BYTES = 8 << 20  # the whole lines parsed at once: 8 MiB
-_BLOCK = 1 << 20  # read at a time
-_BOM = b"\xef\xbb\xbf"
 DEDUPE = ("fail", "first")
 
 Warn = Callable[[str], None]
@@ -63,6 +62,7 @@ class Episodes:
     count: int = 0  # episodes read and counted (complete and errored), each once
     skipped: int = 0  # bad lines left out (--on-error skip)
     dropped: int = 0  # repeated episodes left out (--dedupe first)
+    superseded: int = 0  # errored attempts left out: the same episode was read complete
     present: set[str] = field(default_factory=set)  # the free fields some episode has
 
     def typed(self, keys: list[Key], names: Sequence[str]) -> list[Key]:
@@ -103,8 +103,11 @@ def load(
 ) -> Episodes:
     """Read scored episodes from files or `-` into the totals of `fields` and the arms of `compares`.
 
-    `dedupe`: an episode_id read before is a data error (`fail`), or the repeat is left out
-    and counted (`first`). `keep`, when given, is called once per chunk after it is read
+    `dedupe`: an episode_id read complete before is a data error (`fail`), or the repeat is
+    left out and counted (`first`). Either way an errored attempt of an episode that is also
+    read complete is left out and counted (`superseded`), before or after the complete
+    record: a journal that `dphil-rollout --resume` retried reads as its episodes, each once.
+    `keep`, when given, is called once per chunk after it is read
     (what the HTML report uses to take a few whole episodes per cell without reading stdin
     twice).
     """
@@ -143,14 +146,20 @@ class _Reading:
         self.as_int = dict.fromkeys(self.free, True)
         self.as_float = dict.fromkeys(self.free, True)
         self.present: set[str] = set()
-        self.count = self.skipped = self.dropped = 0
+        self.count = self.skipped = self.dropped = self.superseded = 0
+        # Errored attempts are held back until every source is read, since a complete record of
+        # the same episode (a retry) may follow: the held rows, and for each id where its row is.
+        self.held: list[pl.DataFrame] = []
+        self.held_out: list[np.ndarray] = []  # per held frame, the rows a complete record superseded
+        self.pending: dict[str, tuple[int, int]] = {}
+        self.completed: dict[str, str] = {}  # ids first read as an error, then complete: where
 
     def source(self, src: str, stdin: IO[bytes] | None) -> None:
         name = source_name(src)
         stream = open_input(src, stdin)  # names a missing or unreadable file (exit 66)
         index = self.seen.source(name)
         try:
-            for first_line, chunk in _chunks(stream, name, self.bad):
+            for first_line, chunk in line_chunks(stream, name, self.bad):
                 self.chunk(src, name, index, first_line, chunk)
         finally:
             if src != "-":
@@ -169,17 +178,77 @@ class _Reading:
         if frame.height == 0:
             return
         repeats = self.seen.add(frame["_id"], lines, index)
-        if repeats:
-            if self.dedupe == "first":
-                self.dropped += len(repeats)
-            else:
-                for r in repeats:
-                    shown = r.episode_id if len(r.episode_id) <= 40 else r.episode_id[:37] + "..."
-                    line = int(lines[r.row])
-                    self.bad(DataError(f"episode {shown} already read at {r.first}", source=name, line=line))
+        drop, hold = self._attempts(frame, lines, name, repeats)
+        if drop:
             keep = np.ones(frame.height, dtype=bool)
-            keep[[r.row for r in repeats]] = False
+            keep[drop] = False
             frame = frame.filter(pl.Series(keep))
+            hold = [h - int(np.count_nonzero(np.asarray(drop) < h)) for h in hold]
+        if self.keep is not None:  # held errors stay in its frame: it reads complete rows only
+            self.keep(src, chunk, frame)
+        if hold:
+            mask = np.zeros(frame.height, dtype=bool)
+            mask[hold] = True
+            at = len(self.held)
+            self.held.append(frame.filter(pl.Series(mask)))
+            self.held_out.append(np.zeros(len(hold), dtype=bool))
+            for i, row in enumerate(hold):
+                self.pending[str(frame["_id"][row])] = (at, i)
+            frame = frame.filter(pl.Series(~mask))
+        self._fold(frame)
+
+    def _attempts(
+        self, frame: pl.DataFrame, lines: np.ndarray, name: str, repeats: list[Repeat]
+    ) -> tuple[list[int], list[int]]:
+        """The rows left out of this chunk and the errored attempts held back, in row order.
+
+        An errored attempt is held until the end (folded then, unless a complete record of
+        its episode supersedes it); an attempt of an episode read before, complete or not,
+        is superseded at once. A complete record read twice follows `--dedupe`.
+        """
+        repeated = {r.row: r for r in repeats}
+        errors = frame["_error"].fill_null(False).to_numpy()
+        ids = frame["_id"]
+        drop: list[int] = []
+        hold: list[int] = []
+        held_here: dict[str, int] = {}
+        for row in sorted({*repeated, *np.flatnonzero(errors).tolist()}):
+            eid, repeat = ids[row], repeated.get(row)
+            if errors[row]:
+                if eid is None:
+                    continue  # no id to match a retry with: counted as it comes
+                if repeat is None:
+                    hold.append(row)
+                    held_here[eid] = row
+                else:
+                    drop.append(row)
+                    self.superseded += 1
+            elif eid in held_here:  # its errored attempt is earlier in this chunk
+                attempt = held_here.pop(eid)
+                hold.remove(attempt)
+                drop.append(attempt)
+                self._supersede_done(eid, name, lines[row])
+            elif eid in self.pending:
+                at, i = self.pending.pop(eid)
+                self.held_out[at][i] = True
+                self._supersede_done(eid, name, lines[row])
+            elif self.dedupe == "first":
+                drop.append(row)
+                self.dropped += 1
+            else:
+                shown = eid if len(eid) <= 40 else eid[:37] + "..."
+                first = self.completed.get(eid, repeat.first)
+                self.bad(DataError(f"episode {shown} already read at {first}", source=name, line=int(lines[row])))
+                drop.append(row)
+        return sorted(drop), hold
+
+    def _supersede_done(self, eid: str, name: str, line: Any) -> None:
+        self.superseded += 1
+        self.completed[eid] = f"{name}:{int(line)}"
+
+    def _fold(self, frame: pl.DataFrame) -> None:
+        if frame.height == 0:
+            return
         self.count += frame.height
         for f in self.free:
             col = frame[f]
@@ -193,102 +262,24 @@ class _Reading:
         self.totals.add(frame)
         for arms in self.arms.values():
             arms.add(frame)
-        if self.keep is not None:
-            self.keep(src, chunk, frame)
 
     def episodes(self) -> Episodes:
+        for frame, out in zip(self.held, self.held_out, strict=True):  # the errors never retried
+            self._fold(frame.filter(pl.Series(~out)))
         types = {f: _KNOWN[f] for f in self.fields if f in _KNOWN}
         for f in self.free:
             types[f] = pl.Int64() if self.as_int[f] else pl.Float64() if self.as_float[f] else pl.String()
         return Episodes(
-            self.fields, self.totals, self.arms, types, self.count, self.skipped, self.dropped, self.present
+            self.fields,
+            self.totals,
+            self.arms,
+            types,
+            self.count,
+            self.skipped,
+            self.dropped,
+            self.superseded,
+            self.present,
         )
-
-
-def _chunks(stream: IO[bytes], name: str, bad: Callable[[DataError], None]) -> Iterator[tuple[int, bytes]]:
-    """Whole lines of `stream` in chunks of about CHUNK_BYTES, each with the number of its first line.
-
-    A line longer than MAX_LINE goes to `bad` (located) and is read on to its end without
-    being kept: no more than MAX_LINE + _BLOCK bytes of it are ever held. So does a stream
-    that cannot be read on (a truncated gzip), after the whole lines before it.
-    """
-    read = getattr(stream, "read1", stream.read)
-    line = 1  # the number of the first line in `whole`
-    whole: list[bytes] = []  # whole lines read and not yet handed out
-    size = 0
-    tail: list[bytes] = []  # the start of the line being read
-    tail_size = 0
-    skipping = False  # inside a line too long to keep
-    start = True
-    while True:
-        try:
-            block = read(_BLOCK)
-        except (OSError, EOFError, zlib.error) as e:
-            if whole:
-                yield line, b"".join(whole)
-            bad(DataError(f"cannot read: {e}", source=name, line=line + sum(c.count(b"\n") for c in whole)))
-            return
-        if start and block:
-            start = False
-            while len(block) < 3 and block == _BOM[: len(block)]:  # a byte-order mark cut short
-                more = read(3 - len(block))
-                if not more:
-                    break
-                block += more
-            if block.startswith(_BOM):
-                block = block[3:]
-        if not block:
-            break
-        if skipping:
-            end = block.find(b"\n")
-            if end < 0:
-                continue
-            skipping = False
-            line += 1
-            block = block[end + 1 :]
-        end = block.find(b"\n")
-        if end < 0:
-            if block:
-                tail.append(block)
-                tail_size += len(block)
-            if tail_size > MAX_LINE:
-                if whole:
-                    yield line, b"".join(whole)
-                    line += sum(c.count(b"\n") for c in whole)
-                    whole, size = [], 0
-                tail, tail_size, skipping = [], 0, True
-                bad(DataError(_too_long(), source=name, line=line))
-            continue
-        if tail_size + end + 1 > MAX_LINE:  # the line being read ends here, too long
-            if whole:
-                yield line, b"".join(whole)
-                line += sum(c.count(b"\n") for c in whole)
-                whole, size = [], 0
-            bad(DataError(_too_long(), source=name, line=line))
-            line += 1
-        else:
-            whole.extend(tail)
-            whole.append(block[: end + 1])
-            size += tail_size + end + 1
-        last = block.rfind(b"\n")
-        if last > end:
-            whole.append(block[end + 1 : last + 1])
-            size += last - end
-        tail = [block[last + 1 :]] if last + 1 < len(block) else []
-        tail_size = len(block) - last - 1
-        if size >= CHUNK_BYTES:
-            data = b"".join(whole)
-            yield line, data
-            line += data.count(b"\n")
-            whole, size = [], 0
-    if tail and not skipping:
-        whole.extend(tail)
-    if whole:
-        yield line, b"".join(whole)
-
-
-def _too_long() -> str:
-    return f"line longer than {MAX_LINE >> 20} MiB" if MAX_LINE >= 1 << 20 else f"line longer than {MAX_LINE} bytes"
 
 
 def _read_chunk(

@@ -68,6 +68,11 @@ def run_stats(req: StatsRequest, console: Console) -> int:
     )
     if episodes.skipped:
         console.error(f"skipped {episodes.skipped} bad record(s)")
+    if episodes.superseded:
+        console.error(
+            f"left out {episodes.superseded} errored attempt(s) of episodes read again (as --resume retries them): "
+            "each episode counts once"
+        )
     if episodes.dropped:
         console.error(
             f"dropped {episodes.dropped} repeated episode(s): --dedupe first kept the first of each episode_id"

@@ -18,7 +18,7 @@ from dphil.core.episode import play
 from dphil.core.policies import get_policy
 from dphil.core.records import EpisodeConfig
 from dphil.io.errors import DataError
-from dphil.results import cells, frame
+from dphil.results import cells, chunks, frame
 from dphil.results.tally import SeenIds, Totals
 from dphil.scoring.reward import RewardSpec
 from dphil.scoring.score import score_record
@@ -52,16 +52,16 @@ def same(a, b) -> bool:
 @pytest.fixture
 def tiny_chunks(monkeypatch):
     """Chunks of a few lines, read 100 bytes at a time."""
-    monkeypatch.setattr(frame, "CHUNK_BYTES", 3000)
-    monkeypatch.setattr(frame, "_BLOCK", 100)
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 3000)
+    monkeypatch.setattr(chunks, "_BLOCK", 100)
 
 
 def test_tiny_chunks_give_the_same_cells(tmp_path, recs, monkeypatch):
     path = tmp_path / "ep.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + b"\n".join(lines(recs)) + b"  \n")  # a BOM, blank lines
     want = cells.cell_records(frame.load([str(path)], ["model"]), ["model"])
-    monkeypatch.setattr(frame, "CHUNK_BYTES", 3000)
-    monkeypatch.setattr(frame, "_BLOCK", 100)
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 3000)
+    monkeypatch.setattr(chunks, "_BLOCK", 100)
     got = frame.load([str(path)], ["model"])
     assert got.count == len(recs)
     assert same(cells.cell_records(got, ["model"]), want)
@@ -99,9 +99,50 @@ def test_a_repeat_in_a_later_chunk_names_both_lines(tmp_path, recs, tiny_chunks)
     assert same(cells.cell_records(kept, ["model"]), cells.cell_records(frame.load([str(once)], ["model"]), ["model"]))
 
 
+def errored(rec: dict) -> dict:
+    """An errored attempt of `rec`'s episode: what dphil-rollout journals before --resume retries it."""
+    out = {k: v for k, v in rec.items() if k not in ("reward", "metrics")}
+    return {**out, "status": "error", "error": "timeout after 300 s", "turns": [], "events": []}
+
+
+@pytest.mark.parametrize("dedupe", ["fail", "first"])
+def test_a_retried_error_counts_once_whichever_comes_first(tmp_path, recs, tiny_chunks, dedupe):
+    """Errored attempts of episodes also read complete are left out, before or after the complete
+    record, in this chunk or another; an error never completed is counted as an error, once."""
+    body = lines(recs)
+    path = tmp_path / "ep.jsonl"
+    # recs[1]: error, then its retry far later (other chunks); recs[4]: error twice, then complete;
+    # recs[7]: complete, then a late errored attempt; recs[9]: an error, retried and failing again.
+    lone = errored(recs[9])
+    order = [lines([errored(recs[1])])[0], lines([errored(recs[4])])[0], lines([errored(recs[4])])[0]]
+    order += [b for i, b in enumerate(body) if i not in (1, 4, 9)]
+    order += [body[1], body[4], lines([errored(recs[7])])[0], lines([lone])[0], lines([lone])[0]]
+    path.write_bytes(b"".join(order))
+    got = frame.load([str(path)], ["model"], dedupe=dedupe)
+    assert got.superseded == 5 and got.dropped == 0
+    assert got.count == len(recs)  # every episode once: 23 complete and recs[9] as one error
+    want = [r for i, r in enumerate(recs) if i != 9]
+    clean = tmp_path / "clean.jsonl"
+    clean.write_bytes(b"".join([*lines(want), lines([lone])[0]]))
+    assert same(cells.cell_records(got, ["model"]), cells.cell_records(frame.load([str(clean)], ["model"]), ["model"]))
+    naive = next(c for c in cells.cell_records(got, ["model"]) if c["model"] == recs[9]["model"])
+    assert naive["errors"] == 1
+
+
+def test_a_complete_episode_read_twice_after_its_retry_names_the_complete_line(tmp_path, recs):
+    path = tmp_path / "ep.jsonl"
+    path.write_bytes(b"".join([*lines([errored(recs[0]), recs[0], recs[1], recs[0]])]))
+    with pytest.raises(DataError) as err:
+        frame.load([str(path)], ["model"])
+    assert err.value.message == f"{path}:4: episode {recs[0]['episode_id']} already read at {path}:2"
+    kept = frame.load([str(path)], ["model"], dedupe="first")
+    assert (kept.count, kept.superseded, kept.dropped) == (2, 1, 1)
+    assert [c["errors"] for c in cells.cell_records(kept, ["model"])] == [0]
+
+
 def test_the_line_cap_at_its_edge(tmp_path, recs, tiny_chunks, monkeypatch):
     cap = 8000
-    monkeypatch.setattr(frame, "MAX_LINE", cap)
+    monkeypatch.setattr(chunks, "MAX_LINE", cap)
     body = lines(recs[:6])
     assert max(map(len, body)) < cap
     fits = b'{"pad": "' + b"x" * (cap - 12) + b'"}\n'
