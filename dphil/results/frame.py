@@ -237,7 +237,7 @@ class _Reading:
                 self.dropped += 1
             else:
                 shown = eid if len(eid) <= 40 else eid[:37] + "..."
-                first = self.completed.get(eid, repeat.first)
+                first = self.completed.get(eid) or (repeat.first if repeat is not None else name)
                 self.bad(DataError(f"episode {shown} already read at {first}", source=name, line=int(lines[row])))
                 drop.append(row)
         return sorted(drop), hold
