@@ -395,19 +395,19 @@ class Experiment:
             "seconds": round(seconds),
         }
         for yardstick in ("shaped", "paper"):
+            # scored afresh each time: a later part (another training seed) adds test episodes
             scored = self.work / f"test-all.{yardstick}.jsonl"
-            if not scored.exists():
-                check(
-                    [
-                        tool("dphil-score"),
-                        "-q",
-                        "--reward",
-                        yardstick,
-                        *[rel(arm_files[a]) for a in order],
-                        "-o",
-                        rel(scored),
-                    ]
-                )
+            check(
+                [
+                    tool("dphil-score"),
+                    "-q",
+                    "--reward",
+                    yardstick,
+                    *[rel(arm_files[a]) for a in order],
+                    "-o",
+                    rel(scored),
+                ]
+            )
             args = [tool("dphil-stats"), "-q", rel(scored), "--by", "recipe,n"]
             for a, b in compares:
                 args += ["--compare", "recipe", a, b]
