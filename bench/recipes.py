@@ -330,7 +330,8 @@ class Experiment:
         arm_files: dict[str, Path] = {"base": base_path}
         for arm, (recipe, rule) in arms(best, self.ablations).items():
             sels = [self.select(recipe, rule, seed) for seed in self.seeds]
-            path = self.work / f"test-{arm}.jsonl"
+            # the dphil arm's file names its mode: a choice changed by a later seed keeps both
+            path = self.work / (f"test-{arm}-{best}.jsonl" if arm == "dphil" else f"test-{arm}.jsonl")
             source = [x for sel in sels for x in ("--checkpoints", rel(sel))]
             if j := self.test_job(arm, source, path):
                 jobs.append(j)
@@ -340,27 +341,44 @@ class Experiment:
         self.report(best, full, arm_files, time.monotonic() - t0)
 
     def choose(self) -> str:
-        """philosopher or step: the higher mean validation score of the checkpoints --by val keeps."""
+        """philosopher or step: the higher mean validation score of the checkpoints --by val keeps.
+
+        Chosen over the training seeds this invocation covers, and chosen again whenever they
+        change (a later part adds a seed): a choice frozen after the first seed would rest on
+        one run. Only validation episodes enter it, never test ones. A tie goes to philosopher
+        and says so. The dphil arm's test episodes are kept per mode (test-dphil-MODE.jsonl), so
+        a changed choice runs that mode's test rollouts and loses none of the other's.
+        """
         path = self.work / "choice.json"
-        if path.exists():
-            return json.loads(path.read_text())["advantage"]
+        seeds = sorted(self.seeds)
+        old = json.loads(path.read_text()) if path.exists() else None
+        if old and old.get("seeds") == seeds:
+            return old["advantage"]
         scores = {}
         for mode in ("philosopher", "step"):
-            picked = [read_jsonl(self.select(f"dphil-{mode}", "val", seed))[0] for seed in self.seeds]
+            picked = [read_jsonl(self.select(f"dphil-{mode}", "val", seed))[0] for seed in seeds]
             scores[mode] = mean(p["selection"]["score"] for p in picked)
-        best = max(scores, key=lambda m: (scores[m], m == "philosopher"))
+        top = max(scores.values())
+        tied = [m for m in ("philosopher", "step") if scores[m] == top]
+        best = tied[0]
+        earlier = [*old.pop("earlier", []), old] if old else []
         atomic_write(
             path,
             json.dumps(
                 {
                     "advantage": best,
                     "val_scores": scores,
-                    "how": "mean over training seeds of the validation score "
-                    "(shaped reward) of the checkpoint --by val keeps",
+                    "seeds": seeds,
+                    "tie": len(tied) > 1,
+                    "how": "mean over the training seeds of the validation score (shaped reward) of the "
+                    "checkpoint --by val keeps; a tie goes to philosopher; chosen again when the seeds change",
+                    "earlier": earlier,
                 }
             )
             + "\n",
         )
+        if old and old["advantage"] != best:
+            say(f"the credit mode changes from {old['advantage']} to {best} over seeds {seeds}: {scores}")
         return best
 
     def check_seeds(self, full: dict) -> None:
@@ -392,8 +410,13 @@ class Experiment:
             if self.args.gpu or self.args.real
             else "tests/support/tinymodel.py tiny random Qwen3 + single-token action names (bench/train_curve.py)",
             "lr": self.args.lr,
-            "seconds": round(seconds),
+            "seconds": round(seconds),  # this invocation's; the parts' sum below
         }
+        # every invocation adds a line (whole-line journal), so the experiment's time sums its parts
+        with open(self.work / "parts.jsonl", "a") as fh:
+            fh.write(json.dumps({"seeds": self.seeds, "seconds": round(seconds), "ended": time.time()}) + "\n")
+        summary["parts"] = read_jsonl(self.work / "parts.jsonl")
+        summary["seconds_total"] = sum(part["seconds"] for part in summary["parts"])
         for yardstick in ("shaped", "paper"):
             # scored afresh each time: a later part (another training seed) adds test episodes
             scored = self.work / f"test-all.{yardstick}.jsonl"
@@ -444,7 +467,7 @@ def digest(records: list[dict]) -> dict:
     for r in records:
         if r["kind"] != "comparison":
             continue
-        comps[f"{r['a']} vs {r['b']} n={r.get('n')}"] = {
+        comps[f"{r['a']['value']}→{r['b']['value']} n={r.get('n')}"] = {
             k: r.get(k) for k in ("diff", "p_value", "p_adjusted", "hedges_g", "hedges_g_ci", "paired")
         }
     return {"cells": cells, "comparisons": comps}
