@@ -431,7 +431,8 @@ class Experiment:
                     rel(scored),
                 ]
             )
-            args = [tool("dphil-stats"), "-q", rel(scored), "--by", "recipe,n"]
+            # --cluster run: a trained arm's episodes come from a few training runs (its units)
+            args = [tool("dphil-stats"), "-q", rel(scored), "--by", "recipe,n", "--cluster", "run"]
             for a, b in compares:
                 args += ["--compare", "recipe", a, b]
             table = check([*args, "--format", "markdown"])
@@ -468,7 +469,7 @@ def digest(records: list[dict]) -> dict:
         if r["kind"] != "comparison":
             continue
         comps[f"{r['a']['value']}→{r['b']['value']} n={r.get('n')}"] = {
-            k: r.get(k) for k in ("diff", "p_value", "p_adjusted", "hedges_g", "hedges_g_ci", "paired")
+            k: r.get(k) for k in ("diff", "p_value", "p_adjusted", "hedges_g", "hedges_g_ci", "paired", "clustered")
         }
     return {"cells": cells, "comparisons": comps}
 

@@ -21,7 +21,8 @@ interval, deadlock rate with its Wilson interval, meals, degenerate and null-act
 rates, tokens, cost), then one `kind: "comparison"` record per --compare and group:
 Welch's t (Welch-Satterthwaite df), Hedges' g with its 95% CI, the deadlock-rate
 difference (z test, or Fisher's exact for small counts) and, when both arms share
-seeds, the paired t, Wilcoxon signed-rank and McNemar tests. p values of several
+seeds, the paired t, Wilcoxon signed-rank and McNemar tests; with --cluster, Welch's
+t over clusters (training runs) too. p values of several
 comparisons are Holm-adjusted (--adjust). Errored episodes are counted and left out.
 
 \b
@@ -29,6 +30,7 @@ comparisons are Holm-adjusted (--adjust). Errored episodes are counted and left 
   dphil-stats runs/*.jsonl --compare model qwen3-14b qwen3-14b-grpo --power
   dphil-stats ep.jsonl --by model,n,prompt --compare prompt v1 v2 --plot reward.png
   dphil-stats ep.jsonl --compare model scripted:naive scripted:hierarchy --format html -o report.html
+  dphil-stats test.jsonl --by recipe,n --compare recipe study dphil --cluster run
 """
 
 
@@ -56,6 +58,14 @@ comparisons are Holm-adjusted (--adjust). Errored episodes are counted and left 
     default="holm",
     show_default=True,
     help="Multiplicity adjustment of p values across comparisons.",
+)
+@click.option(
+    "--cluster",
+    default=None,
+    metavar="FIELD",
+    help="Also test each comparison over the clusters of FIELD (e.g. run: one unit per training run, "
+    "its episodes' mean); an episode without FIELD is a unit of its own. Episodes of one trained "
+    "model are not independent draws of its recipe; its training runs are.",
 )
 @click.option(
     "--power",
@@ -125,6 +135,7 @@ def main(
     by,
     compares,
     adjust,
+    cluster,
     power,
     effect,
     fmt,
@@ -147,6 +158,7 @@ def main(
             by=by,
             compares=compares,
             adjust=adjust,
+            cluster=cluster,
             power=power,
             effect=effect,
             fmt=fmt,

@@ -4,7 +4,10 @@ Each comparison record carries Welch's t, Hedges' g, the two-proportion test of 
 deadlock rates and, where the arms share seeds, the paired tests; p values are adjusted
 for multiplicity across every comparison of the run, one family per test. Arms that share
 seeds but cannot be paired (a seed twice in an arm, episodes without one) say so in the
-record's notes and in a warning. The arms' episodes are what reading kept for each
+record's notes and in a warning. With `cluster` (`--cluster run`), each record also tests the
+arms over clusters: the mean of each cluster (each training run, say) is one unit, an
+episode without the field is a unit of its own (an untrained model's episodes are
+independent), so p reflects how few training runs stand behind an arm. The arms' episodes are what reading kept for each
 comparison (`dphil.results.tally.Arms`).
 """
 
@@ -36,9 +39,11 @@ def comparison_records(
     effect: float | None = None,
     warn: Warn = _silent,
     confidence: float = stats.CONFIDENCE,
+    cluster: str | None = None,
 ) -> list[dict[str, Any]]:
     """One `kind: "comparison"` record per --compare and group of the other `by` fields,
-    with p values adjusted for multiplicity across all of them (per test)."""
+    with p values adjusted for multiplicity across all of them (per test); with `cluster`
+    (a field the episodes were read with) also the test over its clusters."""
     if adjust not in stats.ADJUSTMENTS:
         raise UsageError(f"unknown --adjust {adjust!r}")
     records: list[dict[str, Any]] = []
@@ -49,7 +54,9 @@ def comparison_records(
             raise UsageError(f"--compare {comp.field} {comp.a} {comp.b}: the episodes were read without it")
         rest = [f for f in by if f != comp.field]
         episodes.check_read(rest)
-        groups = _groups(episodes, comp, rest)
+        if cluster is not None:
+            episodes.check_read([cluster])
+        groups = _groups(episodes, comp, rest, cluster)
         for side, value in enumerate((comp.a, comp.b)):
             if not any(arms[side] for arms in groups.values()):
                 raise UsageError(f"--compare {comp.field} {comp.a} {comp.b}: no episodes with {comp.field} = {value!r}")
@@ -62,9 +69,10 @@ def comparison_records(
                 continue
             a, b = (pl.concat([piece for _, piece in arm], rechunk=True) for arm in (arm_a, arm_b))
             values = (arm_a[0][0], arm_b[0][0])
-            records.append(
-                _compare(comp, group, a, b, values, power=power, effect=effect, confidence=confidence, warn=warn)
-            )
+            record = _compare(comp, group, a, b, values, power=power, effect=effect, confidence=confidence, warn=warn)
+            if cluster is not None:
+                record["clustered"] = _clustered(cluster, a, b, confidence, record["notes"])
+            records.append(record)
     _adjust_all(records, adjust)
     return records
 
@@ -72,8 +80,11 @@ def comparison_records(
 Arm = list[tuple[Any, pl.DataFrame]]  # (the field's value, episodes) per key read
 
 
-def _groups(episodes: Episodes, comp: Compare, rest: Sequence[str]) -> dict[Key, tuple[Arm, Arm]]:
-    """The episodes of each arm per group of the `rest` fields, settled now that every type is known."""
+def _groups(
+    episodes: Episodes, comp: Compare, rest: Sequence[str], cluster: str | None = None
+) -> dict[Key, tuple[Arm, Arm]]:
+    """The episodes of each arm per group of the `rest` fields, settled now that every type is known;
+    with `cluster`, each episode's value of it in a `_cluster` column (text, null where absent)."""
     arms = episodes.arms[comp]
     pieces = arms.joined()
     raw = list(pieces)
@@ -88,7 +99,11 @@ def _groups(episodes: Episodes, comp: Compare, rest: Sequence[str]) -> dict[Key,
         if text not in (comp.a, comp.b):
             continue
         arm_a, arm_b = groups.setdefault(tuple(values[i] for i in where), ([], []))
-        (arm_a if text == comp.a else arm_b).append((values[at], pieces[key]))
+        piece = pieces[key]
+        if cluster is not None:
+            unit = key[arms.keys.index(cluster)]
+            piece = piece.with_columns(pl.lit(None if unit is None else str(unit), dtype=pl.String).alias("_cluster"))
+        (arm_a if text == comp.a else arm_b).append((values[at], piece))
     return groups
 
 
@@ -180,6 +195,52 @@ def _compare(
     return record
 
 
+def _clustered(field: str, a: pl.DataFrame, b: pl.DataFrame, confidence: float, notes: list[str]) -> dict[str, Any]:
+    """Welch's t over units: the mean reward (and deadlock rate) of each cluster of `field`, or
+    an episode where the field is absent. Episodes within a training run share its weights, so
+    they are not independent draws of the recipe; the runs are."""
+    ua, ub = _units(a.filter(~pl.col("_error"))), _units(b.filter(~pl.col("_error")))
+    block: dict[str, Any] = {
+        "field": field,
+        "a_units": None if ua is None else len(ua[0]),
+        "b_units": None if ub is None else len(ub[0]),
+        "diff": None,
+        "diff_ci": None,
+        "t": None,
+        "df": None,
+        "p_value": None,
+        "p_adjusted": None,
+        "deadlock": {"diff": None, "p_value": None, "p_adjusted": None},
+    }
+    if ua is None or ub is None:
+        notes.append(f"an arm mixes episodes with and without {field}: no test over clusters")
+        return block
+    reward, dead = stats.welch(ua[0], ub[0], confidence), stats.welch(ua[1], ub[1], confidence)
+    block |= {
+        "diff": reward.diff,
+        "diff_ci": _pair(reward.lo, reward.hi),
+        "t": reward.t,
+        "df": reward.df,
+        "p_value": reward.p_value,
+        "p_adjusted": reward.p_value,
+        "deadlock": {"diff": dead.diff, "p_value": dead.p_value, "p_adjusted": dead.p_value},
+    }
+    if min(len(ua[0]), len(ub[0])) < 2:
+        notes.append(f"an arm has fewer than 2 units of {field}: no test over clusters")
+    return block
+
+
+def _units(ok: pl.DataFrame) -> tuple[Any, Any] | None:
+    """Per unit, the mean reward and deadlock rate; None when only some episodes have a cluster."""
+    has = ok["_cluster"].is_not_null()
+    if ok.height and has.all():
+        means = ok.group_by("_cluster").agg(pl.col("_reward").mean(), pl.col("_deadlock").cast(pl.Float64).mean())
+        return means["_reward"].to_numpy(), means["_deadlock"].to_numpy()
+    if has.any():
+        return None
+    return ok["_reward"].to_numpy(), ok["_deadlock"].cast(pl.Float64).to_numpy()
+
+
 def _arm(
     value: Any,
     all_rows: pl.DataFrame,
@@ -248,6 +309,8 @@ def _adjust_all(records: list[dict[str, Any]], method: str) -> None:
         (lambda r: r["paired_tests"], "p_value", "p_adjusted"),
         (lambda r: r["paired_tests"], "wilcoxon_p", "wilcoxon_p_adjusted"),
         (lambda r: (r["paired_tests"] or {}).get("mcnemar"), "p_value", "p_adjusted"),
+        (lambda r: r.get("clustered"), "p_value", "p_adjusted"),
+        (lambda r: (r.get("clustered") or {}).get("deadlock"), "p_value", "p_adjusted"),
     ]
     for r in records:
         r["adjust"] = method

@@ -119,6 +119,7 @@ def comparison_rows(
     group = [f for f in by if any(f in c for c in comps)]
     paired = any(c["paired"] for c in comps)
     power = any("power" in c for c in comps)
+    clustered = next((c["clustered"]["field"] for c in comps if c.get("clustered")), None)
     adjust = comps[0]["adjust"] if comps else "none"
     header = [*group, "comparison (B − A)", "episodes A/B", f"Δ reward{_variant(reward)} (95% CI)", "Welch t (df)", "p"]
     if adjust != "none":
@@ -126,6 +127,9 @@ def comparison_rows(
     header += ["Hedges' g (95% CI)", "Δ deadlock (95% CI)", "p deadlock"]
     if paired:
         header += ["pairs", "paired t p", "Wilcoxon p", "McNemar p"]
+    if clustered:
+        over = f" over units ({adjust})" if adjust != "none" else " over units"
+        header += [f"units A/B ({clustered})", f"p{over}", f"p deadlock{over}"]
     if power:
         header += ["g for power", "episodes/arm for 80%", "detectable g now"]
     rows = []
@@ -158,6 +162,11 @@ def comparison_rows(
                     p_text(pt["wilcoxon_p"]),
                     p_text(pt["mcnemar"]["p_value"]),
                 ]
+        if clustered:
+            cl = c.get("clustered") or {}
+            units = f"{cl.get('a_units')}/{cl.get('b_units')}" if cl.get("a_units") is not None else _NA
+            p = "p_adjusted" if adjust != "none" else "p_value"
+            row += [units, p_text(cl.get(p)), p_text((cl.get("deadlock") or {}).get(p))]
         if power:
             pw = c.get("power") or {}
             needed = pw.get("episodes_per_arm")

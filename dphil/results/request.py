@@ -19,6 +19,7 @@ class StatsRequest:
     by: str = ",".join(fields.DEFAULT_BY)  # FIELD[,FIELD...]
     compares: tuple[tuple[str, str, str], ...] = ()  # (FIELD, A, B): B against A
     adjust: str = "holm"  # holm, bh or none
+    cluster: str | None = None  # also test the comparisons over this field's clusters (e.g. run)
     power: bool = False
     effect: float | None = None  # plan the power for this Hedges' g (implies power)
     fmt: str = "jsonl"  # jsonl, markdown, csv, table or html
@@ -45,6 +46,12 @@ def run_stats(req: StatsRequest, console: Console) -> int:
         raise UsageError("--timelines goes with --format html")
     if req.timelines is not None and req.no_cells:
         raise UsageError("--timelines shows episodes per cell: not with --no-cells")
+    if req.cluster is not None:
+        fields.check_fields([req.cluster])
+        if not req.compares:
+            raise UsageError("--cluster tests comparisons: give --compare too")
+        if req.cluster in by or any(req.cluster == f for f, _, _ in req.compares):
+            raise UsageError(f"--cluster {req.cluster}: a --by or --compare field holds one cluster a cell")
     if req.dedupe not in ("fail", "first"):
         raise UsageError(f"--dedupe is fail or first, not {req.dedupe!r}")
     check_sources(req.inputs)
@@ -57,9 +64,10 @@ def run_stats(req: StatsRequest, console: Console) -> int:
         from dphil.results.html_report import DEFAULT_TIMELINES, EpisodeSample
 
         sample = EpisodeSample(by, DEFAULT_TIMELINES if req.timelines is None else req.timelines)
+    read = [*by, req.cluster] if req.cluster else by
     episodes = frame.load(
         req.inputs,
-        by,
+        read,
         compares=wanted,
         on_error=req.on_error,
         dedupe=req.dedupe,
@@ -80,7 +88,7 @@ def run_stats(req: StatsRequest, console: Console) -> int:
     if episodes.count == 0:
         console.warn("no episodes in the input: nothing to summarise")
         return 0
-    fields.check_present(episodes.present, episodes.count, [*by, *(c.field for c in wanted)])
+    fields.check_present(episodes.present, episodes.count, [*read, *(c.field for c in wanted)])
     cell_list = cells.cell_records(episodes, by, degenerate_warn=req.degenerate_warn, warn=console.warn)
     comps = comparisons.comparison_records(
         episodes,
@@ -90,6 +98,7 @@ def run_stats(req: StatsRequest, console: Console) -> int:
         power=req.power or req.effect is not None,
         effect=req.effect,
         warn=console.warn,
+        cluster=req.cluster,
     )
     shown = [] if req.no_cells else cell_list
     if req.plot:

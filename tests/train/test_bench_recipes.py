@@ -56,6 +56,13 @@ def test_the_recipe_experiment_runs_end_to_end_and_resumes(tmp_path):
     # Every checkpoint records its credit assignment.
     journal = work / f"run-dphil-{best}-s0" / "checkpoints.jsonl"
     assert all(json.loads(line)["advantage"]["mode"] == best for line in journal.read_text().splitlines())
+    study_dphil = summary["shaped"]["comparisons"]["study→dphil n=3"]
+    assert study_dphil["clustered"]["field"] == "run" and study_dphil["clustered"]["b_units"] == 1
+    assert summary["advantage_choice"]["seeds"] == [0]
+    assert (work / f"test-dphil-{best}.jsonl").exists()
+    # A choice made over other seeds (an earlier part) is made again over these, and kept as earlier.
+    stale = {"advantage": other, "val_scores": {}, "seeds": [0, 99]}
+    (work / "choice.json").write_text(json.dumps(stale) + "\n")
     # Stopped part-way through an evaluation (a torn journal), it carries on and trains nothing again.
     test_file = work / "test-study.jsonl"
     lines = test_file.read_text().splitlines(keepends=True)
@@ -69,3 +76,8 @@ def test_the_recipe_experiment_runs_end_to_end_and_resumes(tmp_path):
     assert sum(1 for line in test_file.read_text().splitlines() if line.strip()) == 8
     resumed = json.loads((out / "summary.json").read_text())
     assert resumed["shaped"]["cells"]["study/n=3"]["episodes"] == 4
+    assert f"the credit mode changes from {other} to {best}" in again.stderr
+    choice = resumed["advantage_choice"]
+    assert (choice["advantage"], choice["seeds"], choice["earlier"]) == (best, [0], [stale])
+    assert [p["seeds"] for p in resumed["parts"]] == [[0], [0]]
+    assert resumed["seconds_total"] == sum(p["seconds"] for p in resumed["parts"])
