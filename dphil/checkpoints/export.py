@@ -32,11 +32,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from dphil.core.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from dphil.io.atomic import current_umask, disk_full_error, is_disk_full
 from dphil.io.errors import EX_CANTCREAT, DataError, DphilError, MissingExtraError, NoInputError
-
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 
 
 def adapter_dir(record: dict[str, Any]) -> Path:

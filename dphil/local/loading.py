@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dphil.agents.chat_templates import for_family
+from dphil.core.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from dphil.io.errors import DataError, MissingExtraError, NoInputError, UsageError
 
 
@@ -115,9 +116,6 @@ def return_freed_memory() -> None:
     mallopt(m_trim_threshold, 1 << 20)
 
 
-ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
-
-
 def load_adapter(model: Any, adapter: str, *, trainable: bool) -> Any:
     """Wrap `model` with the LoRA adapter saved in directory `adapter`.
 
@@ -131,8 +129,8 @@ def load_adapter(model: Any, adapter: str, *, trainable: bool) -> Any:
     except ImportError:
         raise MissingExtraError("LoRA adapters need peft: pip install 'dphil[train]'") from None
     d = Path(adapter)
-    if not (d / "adapter_config.json").is_file():
-        raise NoInputError(f"{adapter}: not an adapter directory (no adapter_config.json)")
+    if not (d / ADAPTER_CONFIG).is_file():
+        raise NoInputError(f"{adapter}: not an adapter directory (no {ADAPTER_CONFIG})")
     weights = next((d / w for w in ADAPTER_WEIGHTS if (d / w).is_file()), None)
     if weights is None:
         raise NoInputError(f"{adapter}: no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})")

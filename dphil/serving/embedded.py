@@ -119,8 +119,9 @@ def adapter_for(model: catalogue.Model, gguf: Path, adapter: str | os.PathLike, 
     A peft adapter names its base directory; when that is a `dphil-weights --hf` conversion
     (it records the GGUF's sha256) it must be this catalogue model's.
     """
+    from dphil.core.adapter_files import ADAPTER_CONFIG
     from dphil.serving.llamacpp import gguf_architecture
-    from dphil.serving.lora_gguf import ADAPTER_CONFIG, write_lora_gguf
+    from dphil.serving.lora_gguf import write_lora_gguf
 
     try:
         base = json.loads((Path(adapter) / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")

@@ -24,11 +24,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dphil.core.adapter_files import ADAPTER_CONFIG, SAFETENSORS
 from dphil.io.atomic import discard, disk_full_error, is_disk_full, publish, temp_beside
 from dphil.io.errors import DataError, MissingExtraError, NoInputError, OutputError
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _PREFIX = "base_model.model."
 _PARTS = {".lora_A.weight": "lora_a", ".lora_B.weight": "lora_b"}
 
@@ -36,7 +35,7 @@ _PARTS = {".lora_A.weight": "lora_a", ".lora_B.weight": "lora_b"}
 def read_adapter(adapter: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
     """(adapter_config, {tensor name: float32 array}) of a peft `save_pretrained` directory."""
     d = Path(adapter)
-    cfg_path, weights_path = d / ADAPTER_CONFIG, d / ADAPTER_WEIGHTS
+    cfg_path, weights_path = d / ADAPTER_CONFIG, d / SAFETENSORS
     for p in (cfg_path, weights_path):
         if not p.is_file():
             raise NoInputError(f"{d}: not a peft adapter directory (no {p.name})")
