@@ -284,7 +284,7 @@ def converted(model: Model, dest: Path) -> bool:
         return False
 
 
-def convert(model: Model, gguf: Path, dest: Path) -> Path:
+def convert(model: Model, gguf: Path, dest: Path, *, progress: bool = False) -> Path:
     """A transformers directory made once from the verified GGUF `gguf` (as weights.convert)."""
     import contextlib
     import shutil
@@ -298,7 +298,12 @@ def convert(model: Model, gguf: Path, dest: Path) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
         try:
             weights.convert_file(
-                gguf, tmp, name=model.file, sha256=model.sha256, add_template=model.chat_template == "dphil"
+                gguf,
+                tmp,
+                name=model.file,
+                sha256=model.sha256,
+                add_template=model.chat_template == "dphil",
+                progress=progress,
             )
             tmp.chmod(0o755)
             with contextlib.suppress(FileNotFoundError):

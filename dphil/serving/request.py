@@ -47,7 +47,7 @@ def run_weights(req: WeightsRequest, console: Console, stdout: IO[str] | None = 
     target = base / weights.HF_NAME
     if not weights.converted(target):
         console.warn(f"converting {path.name} into {target} (once; about two minutes on a CPU)")
-    print(weights.convert(path, target, verified=True), file=out, flush=True)
+    print(weights.convert(path, target, verified=True, progress=console.show_progress), file=out, flush=True)
     return 0
 
 
@@ -63,7 +63,7 @@ def _get(model: catalogue.Model, req: WeightsRequest, base: Path, console: Conso
     target = base / model.hf_dir
     if not catalogue.converted(model, target):
         console.warn(f"converting {path.name} into {target} (once; minutes on a CPU, GBs of disk)")
-    print(catalogue.convert(model, path, target), file=out, flush=True)
+    print(catalogue.convert(model, path, target, progress=console.show_progress), file=out, flush=True)
     return 0
 
 

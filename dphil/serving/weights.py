@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -161,14 +162,17 @@ def converted(dest: Path) -> bool:
         return False
 
 
-def convert(gguf: str | os.PathLike, dest: str | os.PathLike | None = None, *, verified: bool = False) -> Path:
+def convert(
+    gguf: str | os.PathLike, dest: str | os.PathLike | None = None, *, verified: bool = False, progress: bool = False
+) -> Path:
     """A plain transformers directory made from the verified GGUF (once; later calls return it).
 
     `gguf` is verified first, unless `verified` says the caller has just done so
     (it is the path `verify` or `assemble` returned): hashing it takes about a second.
     transformers dequantises the GGUF weights to float32 on load; the GGUF
     quantizer it attaches refuses `save_pretrained`, so it is cleared first. The
-    tokenizer gets Gemma's chat template (data in `agents/chat_templates.toml`).
+    tokenizer gets Gemma's chat template (data in `agents/chat_templates.toml`). `progress`:
+    let transformers draw its conversion bar (a terminal that asked for it).
     """
     target = Path(dest) if dest is not None else cache_dir() / HF_NAME
     gguf_path = Path(gguf) if verified else verify(gguf)
@@ -181,7 +185,7 @@ def convert(gguf: str | os.PathLike, dest: str | os.PathLike | None = None, *, v
             )
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
         try:
-            _convert_into(gguf_path, tmp)
+            _convert_into(gguf_path, tmp, progress=progress)
             tmp.chmod(0o755)
             with contextlib.suppress(FileNotFoundError):
                 target.rmdir()  # an empty directory left by hand
@@ -192,11 +196,11 @@ def convert(gguf: str | os.PathLike, dest: str | os.PathLike | None = None, *, v
     return target
 
 
-def _convert_into(gguf: Path, out: Path) -> None:
-    convert_file(gguf, out, name=GGUF_NAME, sha256=GGUF_SHA256, add_template=True)
+def _convert_into(gguf: Path, out: Path, *, progress: bool = False) -> None:
+    convert_file(gguf, out, name=GGUF_NAME, sha256=GGUF_SHA256, add_template=True, progress=progress)
 
 
-def convert_file(gguf: Path, out: Path, *, name: str, sha256: str, add_template: bool) -> None:
+def convert_file(gguf: Path, out: Path, *, name: str, sha256: str, add_template: bool, progress: bool = False) -> None:
     """Write the transformers model read from `gguf` into the directory `out`, the marker last.
 
     `add_template`: give the tokenizer dphil's chat template for its model type (a base
@@ -213,9 +217,10 @@ def convert_file(gguf: Path, out: Path, *, name: str, sha256: str, add_template:
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     # A local GGUF file: local_files_only, so a name that is not here is never looked up on a hub.
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, local_files_only=True
-    )
+    with _gguf_bar(progress):
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, local_files_only=True
+        )
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -234,6 +239,26 @@ def convert_file(gguf: Path, out: Path, *, name: str, sha256: str, add_template:
         "model_type": model.config.model_type,
     }
     (out / MARKER).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _gguf_bar(progress: bool) -> Iterator[None]:
+    """transformers draws its GGUF conversion bar with tqdm directly, past its own progress
+    switch: under -q, in cron logs and pipes it is hidden here unless `progress` asks for it."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # a transformers without it has no bar to hide
+        yield
+        return
+    bar = getattr(gguf_utils, "tqdm", None)
+    if progress or bar is None:
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
 
 
 def real_model(cache: str | os.PathLike | None = None) -> tuple[Path, Path]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -82,7 +83,7 @@ def small_model(tmp_path, monkeypatch):
     monkeypatch.setattr(weights, "GGUF_SHA256", hashlib.sha256(whole).hexdigest())
     monkeypatch.setattr(weights, "chunk_paths", lambda: parts)
 
-    def fake_convert(gguf, out):
+    def fake_convert(gguf, out, progress=False):
         (out / weights.MARKER).write_text(json.dumps({"gguf_sha256": weights.GGUF_SHA256}))
 
     monkeypatch.setattr(weights, "_convert_into", fake_convert)
@@ -161,3 +162,14 @@ def test_a_corrupt_cached_gguf_is_rebuilt_from_the_chunks(real_model, tmp_path):
     assert proc.stdout.decode().strip() == str(target)
     assert weights.sha256_of(target) == weights.GGUF_SHA256
     assert sorted(p.name for p in cache.iterdir()) == sorted([weights.GGUF_NAME, f".{weights.GGUF_NAME}.lock"])
+
+
+@pytest.mark.real_model
+def test_quiet_conversion_into_a_fresh_cache_writes_nothing_on_stderr(real_model, tmp_path):
+    """-q from cron or a pipe: no conversion bar (transformers draws one with tqdm directly)."""
+    cache = tmp_path / "cache"
+    proc = run(["dphil-weights", "-q", "--cache", str(cache)], timeout=1200)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stderr == b""
+    hf = Path(proc.stdout.decode().strip())
+    assert hf.parent == cache and weights.converted(hf)
