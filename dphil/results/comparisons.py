@@ -7,8 +7,8 @@ seeds but cannot be paired (a seed twice in an arm, episodes without one) say so
 record's notes and in a warning. With `cluster` (`--cluster run`), each record also tests the
 arms over clusters: the mean of each cluster (each training run, say) is one unit, an
 episode without the field is a unit of its own (an untrained model's episodes are
-independent), so p reflects how few training runs stand behind an arm. The arms' episodes are what reading kept for each
-comparison (`dphil.results.tally.Arms`).
+independent), so p reflects how few training runs stand behind an arm. The arms' episodes
+are what reading kept for each comparison (`dphil.results.tally.Arms`).
 """
 
 from __future__ import annotations

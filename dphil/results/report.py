@@ -164,7 +164,7 @@ def comparison_rows(
                 ]
         if clustered:
             cl = c.get("clustered") or {}
-            units = f"{cl.get('a_units')}/{cl.get('b_units')}" if cl.get("a_units") is not None else _NA
+            units = "/".join(_NA if cl.get(k) is None else str(cl[k]) for k in ("a_units", "b_units"))
             p = "p_adjusted" if adjust != "none" else "p_value"
             row += [units, p_text(cl.get(p)), p_text((cl.get("deadlock") or {}).get(p))]
         if power:
