@@ -34,7 +34,7 @@ smoke run keeps them in its work directory).
 at the study's step size (2 groups x 3 episodes, N = 5, 5 rounds, the built-in prompt, full
 memory, constrained decoding), in bfloat16 where the CPU multiplies it natively; fewer
 steps and test episodes than the study, as the CPU budget forces (SIZES["real"]). Each
-training seed is a part: `--seeds 0`, then `--seeds 1`, ... resume and add to the same work
+training seed is a part: `--seeds 0`, then `--seeds 0,1`, ... resume and add to the same work
 directory; the report covers the seeds whose runs are complete.
     python bench/recipes.py --gpu --base-model Qwen/Qwen3-14B   # ART on a GPU (not run here)
 """
@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import contextlib
 
 from bench_step import cpu_flags
-from recipes_plan import ABLATIONS, PROMPT, SIZES, arms, recipes
+from recipes_plan import ABLATIONS, PROMPT, SIZES, arms, recipes, test_file
 from recipes_report import curve, digest, plot_curves
 from train_curve import ROOT, build_model, check, read_jsonl, rel, run_jobs, tool
 
@@ -63,7 +63,9 @@ class Experiment:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.size = SIZES[args.size]
-        self.seeds = [int(s) for s in (args.seeds or self.size["seeds"]).split(",")]
+        # each seed once: a seed given twice would count twice in the choice and the report
+        self.seeds = list(dict.fromkeys(int(s) for s in (args.seeds or self.size["seeds"]).split(",")))
+        self.logged = False  # this invocation's line in parts.jsonl is written
         text = self.size["ablations"] if args.ablations is None else args.ablations
         self.ablations = {a for a in text.split(",") if a and a != "none"}
         unknown = self.ablations - set(ABLATIONS)
@@ -208,6 +210,25 @@ class Experiment:
     # -- the experiment --------------------------------------------------------------------------
     def run(self) -> None:
         t0 = time.monotonic()
+        try:
+            self._run(t0)
+        finally:  # a stopped invocation's time counts too (the report logs a finished one's)
+            if not self.logged:
+                self.log_part(time.monotonic() - t0, stopped=True)
+
+    def log_part(self, seconds: float, *, stopped: bool = False) -> None:
+        """One whole line a invocation in parts.jsonl: the experiment's time is their sum."""
+        line = {"seeds": self.seeds, "seconds": round(seconds), "ended": time.time(), "stopped": stopped}
+        with open(self.work / "parts.jsonl", "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+        self.logged = True
+
+    def _run(self, t0: float) -> None:
+        done = self.work / "choice.json"
+        ran = json.loads(done.read_text()).get("seeds", []) if done.exists() else []
+        if not set(ran) <= set(self.seeds):
+            # the test journals hold the episodes of every seed run so far; the report reads them whole
+            sys.exit(f"--seeds {','.join(map(str, self.seeds))} leaves out seeds already run ({ran}): seeds only grow")
         model = self.model()
         # one ART trainer per GPU; a real model's command uses both cores
         width = 1 if self.args.gpu or self.args.real else self.args.jobs
@@ -237,8 +258,7 @@ class Experiment:
         arm_files: dict[str, Path] = {"base": base_path}
         for arm, (recipe, rule) in arms(best, self.ablations).items():
             sels = [self.select(recipe, rule, seed) for seed in self.seeds]
-            # the dphil arm's file names its mode: a choice changed by a later seed keeps both
-            path = self.work / (f"test-{arm}-{best}.jsonl" if arm == "dphil" else f"test-{arm}.jsonl")
+            path = self.work / test_file(arm, best)  # names the mode where the arm plays it
             source = [x for sel in sels for x in ("--checkpoints", rel(sel))]
             if j := self.test_job(arm, source, path):
                 jobs.append(j)
@@ -253,14 +273,18 @@ class Experiment:
         Chosen over the training seeds this invocation covers, and chosen again whenever they
         change (a later part adds a seed): a choice frozen after the first seed would rest on
         one run. Only validation episodes enter it, never test ones. A tie goes to philosopher
-        and says so. The dphil arm's test episodes are kept per mode (test-dphil-MODE.jsonl), so
-        a changed choice runs that mode's test rollouts and loses none of the other's.
+        and says so. The arms that play the chosen mode keep their runs and test episodes per
+        mode (recipes_plan.BY_MODE: test-dphil-MODE.jsonl, ...), so a changed choice runs that
+        mode's rollouts and loses none of the other's.
         """
         path = self.work / "choice.json"
         seeds = sorted(self.seeds)
         old = json.loads(path.read_text()) if path.exists() else None
         if old and old.get("seeds") == seeds:
             return old["advantage"]
+        legacy = self.work / "test-dphil.jsonl"
+        if old and "seeds" not in old and legacy.exists():  # a work directory from before modes named files
+            os.replace(legacy, self.work / test_file("dphil", old["advantage"]))
         scores = {}
         for mode in ("philosopher", "step"):
             picked = [read_jsonl(self.select(f"dphil-{mode}", "val", seed))[0] for seed in seeds]
@@ -319,9 +343,7 @@ class Experiment:
             "lr": self.args.lr,
             "seconds": round(seconds),  # this invocation's; the parts' sum below
         }
-        # every invocation adds a line (whole-line journal), so the experiment's time sums its parts
-        with open(self.work / "parts.jsonl", "a") as fh:
-            fh.write(json.dumps({"seeds": self.seeds, "seconds": round(seconds), "ended": time.time()}) + "\n")
+        self.log_part(seconds)
         summary["parts"] = read_jsonl(self.work / "parts.jsonl")
         summary["seconds_total"] = sum(part["seconds"] for part in summary["parts"])
         for yardstick in ("shaped", "paper"):

@@ -74,10 +74,20 @@ def recipes(steps: int, best: str | None, ablations: set[str]) -> dict[str, dict
     if "episode" in ablations:
         out["abl-episode"] = dict(reward="shaped", advantage="episode", sizes=curriculum)
     if best and "paper" in ablations:
-        out["abl-paper"] = dict(reward="paper", advantage=best, sizes=curriculum, after_choice=True)
+        out[f"abl-paper-{best}"] = dict(reward="paper", advantage=best, sizes=curriculum, after_choice=True)
     if best and "fixed5" in ablations:
-        out["abl-fixed5"] = dict(reward="shaped", advantage=best, sizes=fixed5, after_choice=True)
+        out[f"abl-fixed5-{best}"] = dict(reward="shaped", advantage=best, sizes=fixed5, after_choice=True)
     return out
+
+
+# The test arms that play the chosen credit mode: their runs and test files name the mode, so
+# a choice made again over more seeds (bench/recipes.py, choose) never mixes two modes in an arm.
+BY_MODE = frozenset({"dphil", "abl-paper", "abl-fixed5", "abl-last"})
+
+
+def test_file(arm: str, best: str) -> str:
+    """The arm's test-episode journal in the work directory."""
+    return f"test-{arm}-{best}.jsonl" if arm in BY_MODE else f"test-{arm}.jsonl"
 
 
 def arms(best: str, ablations: set[str]) -> dict[str, tuple[str, str]]:
@@ -88,8 +98,8 @@ def arms(best: str, ablations: set[str]) -> dict[str, tuple[str, str]]:
         "dphil": (f"dphil-{best}", "val"),
         f"abl-{other}": (f"dphil-{other}", "val"),
         "abl-episode": ("abl-episode", "val"),
-        "abl-paper": ("abl-paper", "val"),
-        "abl-fixed5": ("abl-fixed5", "val"),
+        "abl-paper": (f"abl-paper-{best}", "val"),
+        "abl-fixed5": (f"abl-fixed5-{best}", "val"),
         "abl-last": (f"dphil-{best}", "last"),
     }
     wanted = {

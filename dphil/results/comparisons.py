@@ -225,13 +225,24 @@ def _clustered(field: str, a: pl.DataFrame, b: pl.DataFrame, confidence: float, 
         "p_adjusted": reward.p_value,
         "deadlock": {"diff": dead.diff, "p_value": dead.p_value, "p_adjusted": dead.p_value},
     }
-    if min(len(ua[0]), len(ub[0])) < 2:
+    fewest = min(len(ua[0]), len(ub[0]))
+    if fewest < 2:
         notes.append(f"an arm has fewer than 2 units of {field}: no test over clusters")
+        return block
+    if fewest == 2:
+        notes.append(f"an arm has 2 units of {field}: the test over clusters has little power")
+    for side, units in (("A", ua[0]), ("B", ub[0])):
+        if len(units) >= 2 and float(units.max() - units.min()) == 0.0:
+            notes.append(f"arm {side}'s units of {field} all have one mean reward: Welch takes it as exact")
     return block
 
 
 def _units(ok: pl.DataFrame) -> tuple[Any, Any] | None:
-    """Per unit, the mean reward and deadlock rate; None when only some episodes have a cluster."""
+    """Per unit, the mean reward and deadlock rate; None when only some episodes have a cluster.
+
+    Units are unweighted (a run with 10 complete episodes counts as much as one with 30): the
+    question is how the recipe's runs differ, not its episodes. Errored episodes are left out
+    first, so a run whose every episode errored is no unit."""
     has = ok["_cluster"].is_not_null()
     if ok.height and has.all():
         means = ok.group_by("_cluster").agg(pl.col("_reward").mean(), pl.col("_deadlock").cast(pl.Float64).mean())

@@ -95,6 +95,7 @@ def load(
     fields: Sequence[str],
     *,
     compares: Sequence[Compare] = (),
+    arm_fields: Sequence[str] = (),
     on_error: str = "fail",
     dedupe: str = "fail",
     stdin: IO[bytes] | None = None,
@@ -107,6 +108,7 @@ def load(
     left out and counted (`first`). Either way an errored attempt of an episode that is also
     read complete is left out and counted (`superseded`), before or after the complete
     record: a journal that `dphil-rollout --resume` retried reads as its episodes, each once.
+    `arm_fields` are read for the compared arms only (`--cluster`), never into the cells' totals.
     `keep`, when given, is called once per chunk after it is read
     (what the HTML report uses to take a few whole episodes per cell without reading stdin
     twice).
@@ -114,8 +116,9 @@ def load(
     if dedupe not in DEDUPE:
         raise ValueError(f"dedupe must be one of {', '.join(DEDUPE)}, not {dedupe!r}")
     fields = list(dict.fromkeys([*fields, *(c.field for c in compares)]))
-    check_fields(fields)
-    reading = _Reading(fields, compares, on_error=on_error, dedupe=dedupe, warn=warn, keep=keep)
+    extra = [f for f in dict.fromkeys(arm_fields) if f not in fields]
+    check_fields([*fields, *extra])
+    reading = _Reading(fields, compares, extra=extra, on_error=on_error, dedupe=dedupe, warn=warn, keep=keep)
     for src in list(sources) or ["-"]:
         reading.source(src, stdin)
     return reading.episodes()
@@ -129,20 +132,23 @@ class _Reading:
         fields: list[str],
         compares: Sequence[Compare],
         *,
+        extra: Sequence[str] = (),
         on_error: str,
         dedupe: str,
         warn: Warn,
         keep: Keep | None,
     ) -> None:
-        self.fields = fields
+        self.fields = [*fields, *extra]  # everything read: the cells' fields, then the arms' own
         self.raw = dict(_RAW)
-        for f in fields:
+        for f in self.fields:
             self.raw.setdefault(f, _KNOWN.get(f, pl.String()))
         self.on_error, self.dedupe, self.warn, self.keep = on_error, dedupe, warn, keep
         self.totals = Totals(fields)
-        self.arms = {c: Arms(c.field, [c.a, c.b], fields, typed=c.field in _KNOWN) for c in dict.fromkeys(compares)}
+        self.arms = {
+            c: Arms(c.field, [c.a, c.b], self.fields, typed=c.field in _KNOWN) for c in dict.fromkeys(compares)
+        }
         self.seen = SeenIds()
-        self.free = [f for f in fields if f not in _KNOWN]
+        self.free = [f for f in self.fields if f not in _KNOWN]
         self.as_int = dict.fromkeys(self.free, True)
         self.as_float = dict.fromkeys(self.free, True)
         self.present: set[str] = set()

@@ -64,11 +64,11 @@ def run_stats(req: StatsRequest, console: Console) -> int:
         from dphil.results.html_report import DEFAULT_TIMELINES, EpisodeSample
 
         sample = EpisodeSample(by, DEFAULT_TIMELINES if req.timelines is None else req.timelines)
-    read = [*by, req.cluster] if req.cluster else by
     episodes = frame.load(
         req.inputs,
-        read,
+        by,
         compares=wanted,
+        arm_fields=[req.cluster] if req.cluster else [],
         on_error=req.on_error,
         dedupe=req.dedupe,
         warn=console.warn,
@@ -88,7 +88,8 @@ def run_stats(req: StatsRequest, console: Console) -> int:
     if episodes.count == 0:
         console.warn("no episodes in the input: nothing to summarise")
         return 0
-    fields.check_present(episodes.present, episodes.count, [*read, *(c.field for c in wanted)])
+    named = [*by, *(c.field for c in wanted), *([req.cluster] if req.cluster else [])]
+    fields.check_present(episodes.present, episodes.count, named)
     cell_list = cells.cell_records(episodes, by, degenerate_warn=req.degenerate_warn, warn=console.warn)
     comps = comparisons.comparison_records(
         episodes,

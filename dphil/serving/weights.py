@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from importlib.resources import files
 from importlib.util import find_spec
@@ -241,6 +242,9 @@ def convert_file(gguf: Path, out: Path, *, name: str, sha256: str, add_template:
     (out / MARKER).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
 
 
+_BAR_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _gguf_bar(progress: bool) -> Iterator[None]:
     """transformers draws its GGUF conversion bar with tqdm directly, past its own progress
@@ -250,15 +254,16 @@ def _gguf_bar(progress: bool) -> Iterator[None]:
     except ImportError:  # a transformers without it has no bar to hide
         yield
         return
-    bar = getattr(gguf_utils, "tqdm", None)
-    if progress or bar is None:
-        yield
-        return
-    gguf_utils.tqdm = functools.partial(bar, disable=True)
-    try:
-        yield
-    finally:
-        gguf_utils.tqdm = bar
+    with _BAR_LOCK:  # two conversions in threads: the second must not keep the first's patch
+        bar = getattr(gguf_utils, "tqdm", None)
+        if progress or bar is None:
+            yield
+            return
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+        try:
+            yield
+        finally:
+            gguf_utils.tqdm = bar
 
 
 def real_model(cache: str | os.PathLike | None = None) -> tuple[Path, Path]:

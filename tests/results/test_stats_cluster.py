@@ -117,3 +117,30 @@ def test_a_bad_cluster_is_a_usage_error(runs, args, says):
     assert out.returncode == 64, out.stderr
     err = out.stderr.decode()
     assert says in err and len(err.strip().splitlines()) == 1
+
+
+def test_clustering_leaves_the_cells_as_they_were(runs):
+    """The cluster field is read for the arms only: every cell record is what it is without it."""
+    compare = ["--compare", "model", "scripted:hierarchy", "scripted:random", "-q"]
+    plain, clustered = run([str(runs), *compare]), run([str(runs), *compare, "--cluster", "run"])
+    assert plain.returncode == clustered.returncode == 0, clustered.stderr
+
+    def cells(out):
+        return [r for r in records(out.stdout) if r["kind"] == "cell"]
+
+    assert cells(clustered) == cells(plain) and len(cells(plain)) == 2
+
+
+def test_two_units_are_said_to_have_little_power(runs, tmp_path):
+    two = []
+    for line in runs.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("run") == "r3":
+            rec["run"] = "r2"
+        two.append(json.dumps(rec) + "\n")
+    path = tmp_path / "two.jsonl"
+    path.write_text("".join(two))
+    out = run([str(path), "--compare", "model", "scripted:hierarchy", "scripted:random", "--cluster", "run", "-q"])
+    (comp,) = [r for r in records(out.stdout) if r["kind"] == "comparison"]
+    assert comp["clustered"]["b_units"] == 2 and comp["clustered"]["df"] is not None
+    assert any("2 units of run" in n for n in comp["notes"])

@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def smoke(work: Path, out: Path) -> subprocess.CompletedProcess:
+def smoke(work: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "recipes.py"), "--smoke", "--work", str(work), "--out", str(out)],
+        [sys.executable, str(ROOT / "bench" / "recipes.py"), "--smoke", "--work", str(work), "--out", str(out), *extra],
         capture_output=True,
         text=True,
         timeout=1500,
@@ -60,9 +60,16 @@ def test_the_recipe_experiment_runs_end_to_end_and_resumes(tmp_path):
     assert study_dphil["clustered"]["field"] == "run" and study_dphil["clustered"]["b_units"] == 1
     assert summary["advantage_choice"]["seeds"] == [0]
     assert (work / f"test-dphil-{best}.jsonl").exists()
-    # A choice made over other seeds (an earlier part) is made again over these, and kept as earlier.
-    stale = {"advantage": other, "val_scores": {}, "seeds": [0, 99]}
+    # Seeds only grow: a part that leaves out a seed already run is refused before any work.
+    fewer = smoke(work, out, "--seeds", "1")
+    assert fewer.returncode != 0 and "seeds only grow" in fewer.stderr
+    assert not (work / "run-study-s1").exists()
+    # A choice from before choices named their seeds (and the dphil arm's file its mode) is made
+    # again over these seeds; its test file is renamed for the mode it played, and kept.
+    stale = {"advantage": other, "val_scores": {}}
     (work / "choice.json").write_text(json.dumps(stale) + "\n")
+    played = (work / f"test-dphil-{best}.jsonl").read_text()
+    (work / f"test-dphil-{best}.jsonl").rename(work / "test-dphil.jsonl")
     # Stopped part-way through an evaluation (a torn journal), it carries on and trains nothing again.
     test_file = work / "test-study.jsonl"
     lines = test_file.read_text().splitlines(keepends=True)
@@ -72,12 +79,13 @@ def test_the_recipe_experiment_runs_end_to_end_and_resumes(tmp_path):
     again = smoke(work, out)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "phase 1: 0 job(s)" in again.stderr and "phase 2 (" in again.stderr
-    assert "phase 3: 1 test rollout(s)" in again.stderr
+    assert "phase 3: 2 test rollout(s)" in again.stderr  # study's torn journal, dphil's for the new choice
+    assert (work / f"test-dphil-{other}.jsonl").read_text() == played
     assert sum(1 for line in test_file.read_text().splitlines() if line.strip()) == 8
     resumed = json.loads((out / "summary.json").read_text())
     assert resumed["shaped"]["cells"]["study/n=3"]["episodes"] == 4
     assert f"the credit mode changes from {other} to {best}" in again.stderr
     choice = resumed["advantage_choice"]
     assert (choice["advantage"], choice["seeds"], choice["earlier"]) == (best, [0], [stale])
-    assert [p["seeds"] for p in resumed["parts"]] == [[0], [0]]
+    assert [(p["seeds"], p["stopped"]) for p in resumed["parts"]] == [([0], False), ([1], True), ([0], False)]
     assert resumed["seconds_total"] == sum(p["seconds"] for p in resumed["parts"])
