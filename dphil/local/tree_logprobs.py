@@ -44,10 +44,15 @@ class TreeScorer:
         groups: list[int] = []
         # (item, candidate or -1, where scoring starts) per sequence
         self.owner: list[tuple[int, int, int]] = []
+        # A reply's last token is only ever a target: no token after it is scored, so its
+        # position is left out of the rows (one per candidate, a few percent of a step),
+        # unless another sequence goes on through it. Its id is kept here.
+        self.last: list[int | None] = []
         for i, prompt in enumerate(prompts):
             tails = candidates[i] if candidates is not None else [completions[i]]  # type: ignore[index]
             for k, tail in enumerate(tails):
-                sequences.append([*prompt, *tail])
+                sequences.append([*prompt, *tail[:-1]])
+                self.last.append(tail[-1] if tail else None)
                 self.owner.append((i, k if self.constrained else -1, len(prompt)))
                 groups.append(i)
         self.rows = plan_rows(sequences, groups, max_width=max_width)
@@ -115,10 +120,16 @@ class TreeScorer:
         spans: list[tuple[int, int, int, int]] = []
         for s, cols in row.columns.items():
             i, k, start = self.owner[s]
-            # Position t predicts token t + 1: the scored tokens by the columns just before them.
-            predictors += cols[start - 1 : len(cols) - 1]
-            targets += [row.tokens[c] for c in cols[start:]]
-            spans.append((i, k, len(targets) - (len(cols) - start), len(cols) - start))
+            last = self.last[s]
+            if last is None:  # an empty reply: nothing to score
+                spans.append((i, k, len(targets), 0))
+                continue
+            # Position t predicts token t + 1: the scored tokens by the columns just before
+            # them, the reply's last one by the sequence's last column.
+            predictors += cols[start - 1 :]
+            targets += [*(row.tokens[c] for c in cols[start:]), last]
+            n = len(cols) - start + 1
+            spans.append((i, k, len(targets) - n, n))
         flat = lm._head_logprobs(
             hidden[0, predictors], torch.tensor(targets, device=hidden.device).unsqueeze(-1), temperature or 1.0
         ).squeeze(-1)

@@ -52,6 +52,21 @@ def test_a_shared_prefix_is_one_set_of_positions():
     assert [r.width for r in two] == [53, 51]  # the prefix again in the second row, never split
 
 
+
+def test_a_replys_last_token_is_a_target_and_never_a_position():
+    from dphil.local.tree_logprobs import TreeScorer
+
+    prompt = [1, 2, 3]
+    # Three candidates ending in the same end token 9: the ends predict nothing, so the row
+    # holds the prompt and the candidates' inner tokens (4, 5, 6, 7) only.
+    scorer = TreeScorer(None, [prompt], candidates=[[[4, 9], [5, 9], [6, 7, 9]]], chosen=[0], max_width=100)
+    assert scorer.tokens == 3 + 4
+    assert scorer.last == [9, 9, 9]
+    # A one-token completion adds no position at all; a later prompt that goes on through a
+    # reply keeps it (the second sequence needs token 8 as a predictor).
+    free = TreeScorer(None, [prompt, [*prompt, 8, 5]], completions=[[8], [6]], max_width=100)
+    assert free.tokens == 3 + 2
+
 @settings(max_examples=50, deadline=None)
 @given(sequences)
 def test_the_mask_lets_a_node_see_its_ancestors_and_itself_only(seqs):
