@@ -172,18 +172,19 @@ def check_fields(fields: Sequence[str]) -> None:
             raise UsageError(f"cannot group by {f!r}: the name is taken by the output records")
 
 
-def check_present(present: Collection[str], episodes: int, names: Sequence[str]) -> None:
-    """A --by or --compare field that no episode has is a typo, not a group: exit 64 naming it.
+def check_present(present: Collection[str], episodes: int, names: Sequence[str], *, option: str = "--by") -> None:
+    """A field that no episode has is a typo, not a group: exit 64 naming it and the option that named it.
 
     `present` holds the fields some episode had a value for. Contract fields (`_KNOWN`) are
     exempt: `deadlock_round` is null in every episode of a table that never deadlocked, and
     that is a group."""
     for f in dict.fromkeys(names):
         if f not in _KNOWN and episodes and f not in present:
-            raise UsageError(
-                f"no episode has a field {f!r}: group by record fields such as "
-                f"{', '.join(DEFAULT_BY)}, protocol, run, checkpoint_step, or a --tag key"
-            )
+            if option == "--cluster":
+                hint = "cluster by a field that tells training runs apart, such as run, or a --tag key"
+            else:
+                hint = f"group by record fields such as {', '.join(DEFAULT_BY)}, protocol, run, checkpoint_step, or a --tag key"
+            raise UsageError(f"no episode has a field {f!r} ({option}): {hint}")
 
 
 # -- one record's row, read line by line ------------------------------------------------

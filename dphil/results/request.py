@@ -88,8 +88,10 @@ def run_stats(req: StatsRequest, console: Console) -> int:
     if episodes.count == 0:
         console.warn("no episodes in the input: nothing to summarise")
         return 0
-    named = [*by, *(c.field for c in wanted), *([req.cluster] if req.cluster else [])]
-    fields.check_present(episodes.present, episodes.count, named)
+    fields.check_present(episodes.present, episodes.count, by)
+    fields.check_present(episodes.present, episodes.count, [c.field for c in wanted], option="--compare")
+    if req.cluster:
+        fields.check_present(episodes.present, episodes.count, [req.cluster], option="--cluster")
     cell_list = cells.cell_records(episodes, by, degenerate_warn=req.degenerate_warn, warn=console.warn)
     comps = comparisons.comparison_records(
         episodes,

@@ -108,7 +108,11 @@ def test_an_arm_that_mixes_runs_and_loose_episodes_has_no_cluster_test(runs, tmp
             ["--by", "model,run", "--compare", "model", "scripted:hierarchy", "scripted:random", "--cluster", "run"],
             "--by",
         ),
-        (["--compare", "model", "scripted:hierarchy", "scripted:random", "--cluster", "nosuchfield"], "nosuchfield"),
+        (
+            ["--compare", "model", "scripted:hierarchy", "scripted:random", "--cluster", "nosuchfield"],
+            "no episode has a field 'nosuchfield' (--cluster): cluster by",
+        ),
+        (["--compare", "modle", "a", "b"], "no episode has a field 'modle' (--compare): group by"),
         (["--compare", "model", "scripted:hierarchy", "scripted:random", "--cluster", "turns"], "turns"),
     ],
 )
