@@ -183,7 +183,8 @@ def check_present(present: Collection[str], episodes: int, names: Sequence[str],
             if option == "--cluster":
                 hint = "cluster by a field that tells training runs apart, such as run, or a --tag key"
             else:
-                hint = f"group by record fields such as {', '.join(DEFAULT_BY)}, protocol, run, checkpoint_step, or a --tag key"
+                known = ", ".join(DEFAULT_BY)
+                hint = f"group by record fields such as {known}, protocol, run, checkpoint_step, or a --tag key"
             raise UsageError(f"no episode has a field {f!r} ({option}): {hint}")
 
 

@@ -52,7 +52,6 @@ def test_a_shared_prefix_is_one_set_of_positions():
     assert [r.width for r in two] == [53, 51]  # the prefix again in the second row, never split
 
 
-
 def test_a_replys_last_token_is_a_target_and_never_a_position():
     from dphil.local.tree_logprobs import TreeScorer
 
@@ -66,6 +65,7 @@ def test_a_replys_last_token_is_a_target_and_never_a_position():
     # reply keeps it (the second sequence needs token 8 as a predictor).
     free = TreeScorer(None, [prompt, [*prompt, 8, 5]], completions=[[8], [6]], max_width=100)
     assert free.tokens == 3 + 2
+
 
 @settings(max_examples=50, deadline=None)
 @given(sequences)
