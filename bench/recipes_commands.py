@@ -1,9 +1,9 @@
 """The dphil command lines the recipe experiment runs: its model, training, selection and test rollouts.
 
 Built from the size and the options alone (bench/recipes.py decides what runs when): a job is
-None when its output is already complete, so a restarted experiment carries on. Only the model
-(dphil-weights, or the tiny model built once) and a selection (dphil-ckpt-select) are made here,
-because the command lines name their outputs.
+None when its output is already complete, so a restarted experiment carries on. Only what a
+command line must name is made here: the model (dphil-weights, or the tiny model built once),
+the prompt file and a selection (dphil-ckpt-select).
 """
 
 from __future__ import annotations
