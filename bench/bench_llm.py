@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dphil.agents.agent import AgentSettings  # noqa: E402
-from dphil.agents.llm import Gateway, Limits  # noqa: E402
+from dphil.agents.limits import Limits  # noqa: E402
+from dphil.agents.llm import Gateway  # noqa: E402
 from dphil.agents.prompts import builtin_prompt, observation_text  # noqa: E402
 from dphil.agents.registry import ModelSpec  # noqa: E402
 from dphil.agents.runner import model_variant, run_models_async  # noqa: E402

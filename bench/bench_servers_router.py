@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_llm import KEY, SERVER_MODEL, messages  # noqa: E402
-from dphil.agents.llm import Gateway, Limits  # noqa: E402
+from dphil.agents.limits import Limits  # noqa: E402
+from dphil.agents.llm import Gateway  # noqa: E402
 from dphil.agents.registry import ModelSpec  # noqa: E402
 from dphil.agents.tools import tool_specs  # noqa: E402
 

@@ -51,12 +51,12 @@ from pathlib import Path
 from statistics import mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import contextlib
-
 from bench_step import cpu_flags
-from recipes_plan import ABLATIONS, PROMPT, SIZES, arms, recipes, test_file
+from jobs import ROOT, check, read_jsonl, rel, run_jobs, tool
+from recipes_commands import Commands
+from recipes_plan import ABLATIONS, SIZES, arms, expand, recipes, test_file
 from recipes_report import curve, digest, plot_curves
-from train_curve import ROOT, build_model, check, read_jsonl, rel, run_jobs, tool
+from recipes_work import atomic_write, journal
 
 
 class Experiment:
@@ -76,136 +76,7 @@ class Experiment:
         self.logs = self.work / "logs"
         for d in (self.work, self.out, self.logs):
             d.mkdir(parents=True, exist_ok=True)
-
-    # -- the model and the commands ---------------------------------------------------------------
-    def model(self) -> str:
-        if self.args.gpu:
-            return self.args.base_model
-        if self.args.real:  # dphil-weights assembles, verifies and converts it once
-            return (
-                self.args.base_model
-                or check([tool("dphil-weights"), "-q", "--model", "qwen2.5-coder-0.5b-instruct"]).strip()
-            )
-        final = self.work / "tiny-model"
-        if not (final / "config.json").exists():
-            staging = self.work / "model-staging"
-            built = build_model(staging)
-            os.replace(built, final)  # the model directory appears whole or not at all
-        return rel(final)
-
-    def common(self) -> list[str]:
-        """Table and policy options shared by training and evaluation."""
-        s = self.size
-        if self.args.gpu:  # ART generates free text with the built-in prompt and full memory
-            return ["--rounds", str(s["rounds"])]
-        if self.args.real:  # the study's prompt and memory; choices scored, never misparsed
-            return ["--rounds", str(s["rounds"]), "--memory", "full", "--decode", "constrained", "--threads", "2"]
-        prompt = self.work / "prompt.txt"
-        if not prompt.exists():
-            atomic_write(prompt, PROMPT)
-        return [
-            "--rounds",
-            str(s["rounds"]),
-            "--prompt-file",
-            rel(prompt),
-            "--memory",
-            "none",
-            "--threads",
-            "1",
-            "--decode",
-            "constrained",
-        ]
-
-    def train_job(self, name: str, recipe: dict, seed: int, model: str) -> tuple[str, list[str]] | None:
-        s = self.size
-        run_dir = self.work / f"run-{name}-s{seed}"
-        if len(journal(run_dir)) >= s["steps"]:
-            return None  # done
-        if self.args.gpu:
-            backend = ["--backend", "art", "--max-new-tokens", "256"]
-        elif self.args.real:
-            backend = ["--backend", "peft", "--lr", str(self.args.lr), *self.args.autocast]
-        else:
-            backend = ["--backend", "peft", "--lr", str(self.args.lr), "--micro-batch", "96"]
-        return (
-            f"train-{name}-s{seed}",
-            [
-                tool("dphil-train"),
-                "-q",
-                *backend,
-                "--base-model",
-                model,
-                "--run-dir",
-                rel(run_dir),
-                "--run",
-                f"{name}-s{seed}",
-                "--reward",
-                recipe["reward"],
-                "--advantage",
-                recipe["advantage"],
-                *recipe["sizes"],
-                "--seed",
-                str(seed),
-                "--steps",
-                str(s["steps"]),
-                "--groups",
-                str(s["groups"]),
-                "--group-size",
-                str(s["group_size"]),
-                "--val-every",
-                str(s["val_every"]),
-                "--val-seeds",
-                s["val_seeds"],
-                "--val-n",
-                s.get("n", "3,5"),
-                *self.common(),
-                "--episodes-out",
-                rel(self.work / f"ep-{name}-s{seed}.jsonl"),
-            ],
-        )
-
-    def select(self, recipe: str, rule: str, seed: int) -> Path:
-        """dphil-ckpt-select --by val (on the run's validation episodes) or --by last; atomic, once."""
-        out = self.work / f"sel-{recipe}-{rule}-s{seed}.jsonl"
-        if not out.exists():
-            ckpts = self.work / f"run-{recipe}-s{seed}" / "checkpoints.jsonl"
-            args = [tool("dphil-ckpt-select"), "-q", "--by", rule, rel(ckpts)]
-            if rule == "val":
-                args.append(rel(self.work / f"ep-{recipe}-s{seed}.jsonl"))
-            check([*args, "-o", rel(out)])
-        return out
-
-    def test_job(self, arm: str, source: list[str], path: Path) -> tuple[str, list[str]] | None:
-        s = self.size
-        sizes = len(s.get("n", "3,5").split(","))
-        adapters = len(source) // 2 if source[0] == "--checkpoints" else 1
-        expected = sizes * len(expand(s["test_seeds"])) * adapters
-        if complete_lines(path) >= expected:
-            return None
-        # On a GPU the adapters ART trained on free text are evaluated on free text too.
-        if self.args.gpu:
-            batch = ["--decode", "free"]
-        else:
-            batch = ["--batch", "6"] if self.args.real else ["--batch", "32", "--threads", "1"]
-        return (
-            f"test-{arm}-{path.stem}",
-            [
-                tool("dphil-rollout"),
-                "-q",
-                *source,
-                "--seeds",
-                s["test_seeds"],
-                "-n",
-                s.get("n", "3,5"),
-                "--tag",
-                f"recipe={arm}",
-                *self.common(),
-                *batch,
-                "-o",
-                rel(path),
-                "--resume",
-            ],
-        )
+        self.commands = Commands(args, self.size, self.work)
 
     # -- the experiment --------------------------------------------------------------------------
     def run(self) -> None:
@@ -229,14 +100,19 @@ class Experiment:
         if not set(ran) <= set(self.seeds):
             # the test journals hold the episodes of every seed run so far; the report reads them whole
             sys.exit(f"--seeds {','.join(map(str, self.seeds))} leaves out seeds already run ({ran}): seeds only grow")
-        model = self.model()
+        model = self.commands.model()
         # one ART trainer per GPU; a real model's command uses both cores
         width = 1 if self.args.gpu or self.args.real else self.args.jobs
         # Phase 1: the recipes that do not depend on the validation choice, and the base model.
         first = recipes(self.size["steps"], None, self.ablations)
-        jobs = [j for name, r in first.items() for seed in self.seeds if (j := self.train_job(name, r, seed, model))]
+        jobs = [
+            j
+            for name, r in first.items()
+            for seed in self.seeds
+            if (j := self.commands.train_job(name, r, seed, model))
+        ]
         base_path = self.work / "test-base.jsonl"
-        if j := self.test_job("base", ["-m", f"hf:{model}"], base_path):
+        if j := self.commands.test_job("base", ["-m", f"hf:{model}"], base_path):
             jobs.append(j)
         say(f"phase 1: {len(jobs)} job(s)")
         run_jobs(jobs, width, self.logs)
@@ -248,7 +124,7 @@ class Experiment:
             for name, r in full.items()
             if r.get("after_choice")
             for seed in self.seeds
-            if (j := self.train_job(name, r, seed, model))
+            if (j := self.commands.train_job(name, r, seed, model))
         ]
         say(f"phase 2 (advantage chosen on validation: {best}): {len(jobs)} job(s)")
         run_jobs(jobs, width, self.logs)
@@ -257,10 +133,10 @@ class Experiment:
         jobs = []
         arm_files: dict[str, Path] = {"base": base_path}
         for arm, (recipe, rule) in arms(best, self.ablations).items():
-            sels = [self.select(recipe, rule, seed) for seed in self.seeds]
+            sels = [self.commands.select(recipe, rule, seed) for seed in self.seeds]
             path = self.work / test_file(arm, best)  # names the mode where the arm plays it
             source = [x for sel in sels for x in ("--checkpoints", rel(sel))]
-            if j := self.test_job(arm, source, path):
+            if j := self.commands.test_job(arm, source, path):
                 jobs.append(j)
             arm_files[arm] = path
         say(f"phase 3: {len(jobs)} test rollout(s)")
@@ -287,7 +163,7 @@ class Experiment:
             os.replace(legacy, self.work / test_file("dphil", old["advantage"]))
         scores = {}
         for mode in ("philosopher", "step"):
-            picked = [read_jsonl(self.select(f"dphil-{mode}", "val", seed))[0] for seed in seeds]
+            picked = [read_jsonl(self.commands.select(f"dphil-{mode}", "val", seed))[0] for seed in seeds]
             scores[mode] = mean(p["selection"]["score"] for p in picked)
         top = max(scores.values())
         tied = [m for m in ("philosopher", "step") if scores[m] == top]
@@ -337,7 +213,7 @@ class Experiment:
             "advantage_choice": json.loads((self.work / "choice.json").read_text()),
             "recipes": full,
             "arms": {a: list(v) for a, v in arms(best, self.ablations).items()},
-            "model": self.model()
+            "model": self.commands.model()
             if self.args.gpu or self.args.real
             else "tests/support/tinymodel.py tiny random Qwen3 + single-token action names (bench/train_curve.py)",
             "lr": self.args.lr,
@@ -374,7 +250,7 @@ class Experiment:
             for name in full
         }
         summary["selected_steps"] = {
-            arm: [read_jsonl(self.select(recipe, rule, seed))[0]["step"] for seed in self.seeds]
+            arm: [read_jsonl(self.commands.select(recipe, rule, seed))[0]["step"] for seed in self.seeds]
             for arm, (recipe, rule) in arms(best, self.ablations).items()
         }
         atomic_write(self.out / "summary.json", json.dumps(summary, indent=1) + "\n")
@@ -390,38 +266,9 @@ def say(msg: str) -> None:
     print(f"[recipes {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def journal(run_dir: Path) -> list[dict]:
-    path = run_dir / "checkpoints.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip() and line.endswith("}")]
-
-
-def complete_lines(path: Path) -> int:
-    if not path.exists():
-        return 0
-    n = 0
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            n += json.loads(line).get("status") == "complete"
-    return n
-
-
 def native_bf16() -> bool:
     """Whether the CPU multiplies bfloat16 matrices natively (AMX or AVX-512 BF16): 6x float32 then."""
     return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
-
-
-def expand(text: str) -> list[int]:
-    from dphil.rollout.grid import parse_int_list
-
-    return parse_int_list(text, "seeds")
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """What the recipe experiment compares: its sizes, the trained recipes and the test arms.
 
-Data and two pure functions, apart from bench/recipes.py (which runs them) so that the plan
-reads on one screen: the sizes per variant, each recipe's reward, credit mode and table
-sizes, and which checkpoint of which recipe each test arm plays.
+Data and pure functions, apart from bench/recipes.py (which runs them) so that the plan
+reads on one screen: the sizes per variant (and the seeds their ranges name), each recipe's
+reward, credit mode and table sizes, and which checkpoint of which recipe each test arm plays.
 """
 
 from __future__ import annotations
@@ -111,3 +111,10 @@ def arms(best: str, ablations: set[str]) -> dict[str, tuple[str, str]]:
     }
     keep = {"study", "dphil", *(wanted[a] for a in ablations)}
     return {k: v for k, v in every.items() if k in keep}
+
+
+def expand(text: str) -> list[int]:
+    """The seeds a size's range names (`100000-100005`, `0,1,2`), as dphil-rollout reads them."""
+    from dphil.rollout.grid import parse_int_list
+
+    return parse_int_list(text, "seeds")

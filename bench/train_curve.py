@@ -45,115 +45,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
-from statistics import mean
 
-from dphil.io.console_scripts import locate
+from jobs import ROOT, check, read_jsonl, rel, run_jobs, tool
+from single_token_model import build_model
+from train_curve_report import VARIANTS, aggregate, plot
 
-ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("paper", "shaped")
-COLOURS = {"paper": "tab:blue", "shaped": "tab:orange"}
 # A short system prompt keeps every forward pass small; the per-round observation
 # (forks held, neighbours' forks, meals, last result) is still appended by the agent.
 PROMPT = "Seat $seat of $n.\n$answer\n"
-
-
-def rel(path: Path) -> str:
-    """Paths in records relative to the repository, so they hold on any checkout."""
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)
-
-
-def tool(name: str) -> str:
-    found = locate(name)
-    if not found:
-        sys.exit(f"{name} not found: pip install -e . in this environment")
-    return found
-
-
-def build_model(work: Path) -> Path:
-    """The tests' tiny Qwen3 model with each multi-token action name made one token."""
-    sys.path.insert(0, str(ROOT))
-    import torch
-    from tokenizers import AddedToken
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    from dphil.core.protocols import protocol_actions
-    from tests.support.tinymodel import build_tiny_model
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    base = build_tiny_model(work / "tiny-base")
-    out = work / "tiny-model"
-    shutil.rmtree(out, ignore_errors=True)
-    tok = AutoTokenizer.from_pretrained(base)
-    # With the leading space, so `ACTION: eat` and `ACTION: pick-up-left` differ in one token.
-    split = [a for a in protocol_actions("paper") if len(tok.tokenize(" " + a)) > 1]
-    tok.add_tokens([AddedToken(" " + a, normalized=False) for a in split])
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(base)
-    model.resize_token_embeddings(len(tok), mean_resizing=False)  # new rows: the usual init
-    tok.save_pretrained(out)
-    model.save_pretrained(out)
-    for a in protocol_actions("paper"):
-        assert len(tok.tokenize(" " + a)) == 1, a
-    return out
-
-
-def run_jobs(jobs: list[tuple[str, list[str]]], width: int, logs: Path) -> dict[str, float]:
-    """Run commands `width` at a time (cwd = repository root); stop on the first failure."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    pending, running, took = list(jobs), {}, {}
-    try:
-        _run_jobs(pending, running, took, width, logs, env)
-    except BaseException:  # interrupted or killed: leave no command running behind us
-        for proc, _, _ in running.values():
-            proc.terminate()
-        for proc, _, _ in running.values():
-            proc.wait()
-        raise
-    return took
-
-
-def _run_jobs(pending: list, running: dict, took: dict, width: int, logs: Path, env: dict) -> None:
-    while pending or running:
-        while pending and len(running) < width:
-            name, cmd = pending.pop(0)
-            log = (logs / f"{name}.log").open("w")
-            running[name] = (subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, env=env), time.monotonic(), log)
-            print(f"  started {name}", file=sys.stderr)
-        time.sleep(1)
-        for name, (proc, started, log) in list(running.items()):
-            if proc.poll() is None:
-                continue
-            log.close()
-            del running[name]
-            took[name] = time.monotonic() - started
-            if proc.returncode != 0:
-                for other, _, _ in running.values():
-                    other.terminate()
-                tail = (logs / f"{name}.log").read_text().splitlines()[-15:]
-                sys.exit(f"{name} failed ({proc.returncode}):\n" + "\n".join(tail))
-            print(f"  {name} done in {took[name]:.0f}s", file=sys.stderr)
-
-
-def check(cmd: list[str]) -> str:
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
-    return proc.stdout
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def cells(path: Path, by: str) -> list[dict]:
@@ -395,102 +298,6 @@ def main() -> None:
     plot(summary, args, args.out / "train_curve.png")
     print(json.dumps(summary["by_reward"], indent=1))
     print(f"total {summary['seconds_total']}s", file=sys.stderr)
-
-
-def aggregate(runs: dict, steps: int) -> dict:
-    """Per training reward, means over seeds of the first and last quarter of training."""
-    k = max(1, steps // 4)
-    out = {}
-    for variant in VARIANTS:
-        rs = [r for r in runs.values() if r["train_reward"] == variant]
-
-        def window(section: str, field: str, lo: int, hi: int, rs=rs) -> float:
-            return mean(v for r in rs for s, v in r[section][field].items() if lo <= int(s) < hi)
-
-        out[variant] = {
-            f"train_first_{k}_steps": {
-                f: window("train", f, 0, k) for f in ("reward_paper", "reward_shaped", "meals", "deadlock_rate")
-            },
-            f"train_last_{k}_steps": {
-                f: window("train", f, steps - k, steps)
-                for f in ("reward_paper", "reward_shaped", "meals", "deadlock_rate")
-            },
-            "best_steps": [r["selection"]["best_step"] for r in rs],
-            "cost_of_keeping_last": [r["selection"]["cost_of_keeping_last"] for r in rs],
-            "val_meals_best": [r["selection"]["best_val_meals"] for r in rs],
-            "val_meals_last": [r["selection"]["last_val_meals"] for r in rs],
-        }
-    return out
-
-
-def plot(summary: dict, args: argparse.Namespace, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 3, figsize=(15, 7.6))
-    panels = [
-        (axes[0, 0], "train", "reward_paper", "training reward, scored with the PAPER reward"),
-        (axes[0, 1], "train", "reward_shaped", "training reward, scored with the SHAPED reward"),
-        (axes[0, 2], "val", "reward_own", "held-out reward (own training reward)"),
-        (axes[1, 0], "train", "meals", "meals per training episode"),
-        (axes[1, 1], "train", "deadlock_rate", "deadlock rate, training episodes"),
-        (axes[1, 2], "val", "meals", "held-out meals per episode"),
-    ]
-    base = summary["base_val"]
-    for ax, section, field, title in panels:
-        for variant in VARIANTS:
-            rs = [r for r in summary["runs"].values() if r["train_reward"] == variant]
-            colour = COLOURS[variant]
-            series = []
-            for r in rs:
-                data = {int(s): v for s, v in r[section][field].items()}
-                if section == "val":  # step 0 is the shared base model
-                    data[0] = base[variant]["reward"] if field == "reward_own" else base[variant]["meals"]
-                xs = sorted(data)
-                series.append([data[x] for x in xs])
-                ax.plot(xs, [data[x] for x in xs], color=colour, alpha=0.35, lw=1)
-                if section == "val":
-                    sel = r["selection"]
-                    ax.plot(
-                        sel["best_step"],
-                        data[sel["best_step"]],
-                        marker="*",
-                        ms=13,
-                        color=colour,
-                        mec="black",
-                        ls="none",
-                    )
-                    ax.plot(
-                        sel["last_step"], data[sel["last_step"]], marker="s", ms=6, color=colour, mec="black", ls="none"
-                    )
-            ax.plot(
-                xs,
-                [mean(col) for col in zip(*series, strict=True)],
-                color=colour,
-                lw=2.2,
-                marker="o",
-                ms=3,
-                label=f"trained on {variant} (mean of {len(rs)} seeds)",
-            )
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("adapter step")
-        ax.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize=8)
-    axes[0, 2].plot(
-        [], [], marker="*", ms=11, color="grey", mec="black", ls="none", label="kept by dphil-ckpt-select --by val"
-    )
-    axes[0, 2].plot([], [], marker="s", ms=6, color="grey", mec="black", ls="none", label="last step")
-    axes[0, 2].legend(fontsize=8)
-    fig.suptitle(
-        f"GRPO (dphil-train --backend peft, LoRA r=8) on a tiny RANDOM Qwen3, CPU: N={args.n}, "
-        f"{args.rounds} rounds, {args.groups}x{args.group_size} episodes/step, lr {args.lr}; "
-        f"thin: single seeds, thick: mean; val: {args.val_seeds} every {args.val_every} steps",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":

@@ -14,46 +14,21 @@ without internet do not stall fetching litellm's price list.
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import json
 import os
-import random
-import re
 import time
 import warnings
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from dphil.agents.capped import DEFAULT_MAX_REPLY_BYTES, guarded
+from dphil.agents.capped import guarded
+from dphil.agents.limits import DEFAULT_TIMEOUT, Limits, RateLimiter, estimate_tokens
 from dphil.agents.reasons import describe
 from dphil.agents.redaction import known_secrets, redact
 from dphil.agents.registry import ALLOWED_PARAMS, ModelSpec, check_params, public_url
+from dphil.agents.retry import backoff_delay, classify
 from dphil.io.errors import EX_UNAVAILABLE, DphilError, MissingExtraError
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
-# HTTP statuses worth another try: timeouts, conflicts, rate limits, server trouble.
-_RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
-_RETRY_NAMES = {
-    "RateLimitError",
-    "Timeout",
-    "APITimeoutError",
-    "APIConnectionError",
-    "InternalServerError",
-    "ServiceUnavailableError",
-    "BadGatewayError",
-    "TimeoutError",
-    "ConnectError",
-    "ReadError",
-    "RemoteProtocolError",
-    "ServerDisconnectedError",
-    "ClientConnectionError",
-}
-_NO_CREDENTIALS = re.compile(
-    r"missing credentials|api[_ ]?key (?:is )?(?:missing|not set|required)|no api key",
-    re.IGNORECASE,
-)
 
 _litellm: Any = None
 _unpriced: set[str] = set()
@@ -98,63 +73,6 @@ def litellm_module() -> Any:
 def _quiet_warnings() -> None:
     """litellm's own logging serialises every response and warns about its own types."""
     warnings.filterwarnings("ignore", message="Pydantic serializer warnings", category=UserWarning)
-
-
-# -- limits ---------------------------------------------------------------------------------
-
-
-DEFAULT_TIMEOUT = 120.0  # seconds per call when neither the run nor the model says
-
-
-@dataclass(frozen=True)
-class Limits:
-    """How hard a run may press the providers, and how patiently it retries."""
-
-    concurrency: int = 16
-    rpm: int | None = None
-    tpm: int | None = None
-    timeout: float | None = None  # None: the model's own (`ModelSpec.timeout`), else DEFAULT_TIMEOUT
-    retries: int = 4
-    backoff: float = 1.0
-    backoff_max: float = 60.0
-    retry_after_max: float = 600.0
-    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES
-
-
-class RateLimiter:
-    """Requests and tokens per minute over a sliding 60-second window.
-
-    Tokens are estimated from the prompt before a call and corrected with the
-    reported usage after it.
-    """
-
-    WINDOW = 60.0
-
-    def __init__(self, rpm: int | None, tpm: int | None) -> None:
-        self.rpm = rpm
-        self.tpm = tpm
-        self._events: deque[list[float]] = deque()  # [time, tokens]
-        self._lock = asyncio.Lock()
-
-    async def acquire(self, tokens: int) -> list[float]:
-        async with self._lock:
-            while True:
-                now = time.monotonic()
-                events = self._events
-                while events and events[0][0] <= now - self.WINDOW:
-                    events.popleft()
-                rpm_ok = self.rpm is None or len(events) < self.rpm
-                used = sum(e[1] for e in events) if self.tpm is not None else 0
-                tpm_ok = self.tpm is None or not events or used + tokens <= self.tpm
-                if rpm_ok and tpm_ok:
-                    entry = [now, float(tokens)]
-                    events.append(entry)
-                    return entry
-                await asyncio.sleep(max(events[0][0] + self.WINDOW - now, 0.005))
-
-    @staticmethod
-    def settle(entry: list[float], tokens: int) -> None:
-        entry[1] = float(tokens)
 
 
 # -- one call -------------------------------------------------------------------------------
@@ -264,7 +182,7 @@ class Gateway:
             call = router.acompletion
         else:
             call = litellm.acompletion
-        estimate = _estimate_tokens(messages, tools) if self._limiter else 0
+        estimate = estimate_tokens(messages, tools) if self._limiter else 0
         attempt = 0
         stats = self.stats
         while True:
@@ -321,69 +239,6 @@ class Gateway:
                 ) from None
             await asyncio.sleep(backoff_delay(attempt, wait, limits))
             attempt += 1
-
-
-def backoff_delay(attempt: int, retry_after: float | None, limits: Limits) -> float:
-    """Full-jitter exponential backoff, never shorter than the server's Retry-After."""
-    ceiling = min(limits.backoff_max, limits.backoff * (2**attempt))
-    delay = random.uniform(ceiling / 2, ceiling)
-    if retry_after is not None:
-        delay = max(delay, min(retry_after, limits.retry_after_max))
-    return delay
-
-
-def classify(error: BaseException) -> tuple[bool, float | None]:
-    """(worth retrying, seconds the server asked us to wait)."""
-    status = getattr(error, "status_code", None)
-    if not isinstance(status, int):
-        status = getattr(getattr(error, "response", None), "status_code", None)
-    names = {cls.__name__ for cls in type(error).__mro__}
-    if _NO_CREDENTIALS.search(str(error)):
-        retryable = False  # litellm reports a missing key as a server error; waiting won't help
-    elif isinstance(status, int) and status in _RETRY_STATUS:
-        retryable = True
-    elif isinstance(status, int) and 400 <= status < 500:
-        retryable = False
-    else:
-        retryable = bool(names & _RETRY_NAMES) or isinstance(error, (TimeoutError, OSError))
-    # litellm keeps a 429's headers in `litellm_response_headers`; openai's on `response`.
-    wait = None
-    for headers in (
-        getattr(error, "litellm_response_headers", None),
-        getattr(getattr(error, "response", None), "headers", None),
-    ):
-        wait = retry_after_seconds(headers)
-        if wait is not None:
-            break
-    return retryable, wait
-
-
-def retry_after_seconds(headers: Any) -> float | None:
-    """Seconds from `retry-after-ms` or `Retry-After` (seconds or an HTTP date), else None."""
-    if not headers:
-        return None
-    try:
-        ms = headers.get("retry-after-ms")
-        if ms is not None:
-            return max(float(ms) / 1000.0, 0.0)
-        value = headers.get("retry-after")
-    except (AttributeError, ValueError, TypeError):
-        return None
-    if value is None:
-        return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(when.timestamp() - time.time(), 0.0)
-
-
-def _estimate_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
-    return (len(json.dumps(messages)) + (len(json.dumps(tools)) if tools else 0)) // 4 + 64
 
 
 def _completion(litellm: Any, response: Any, latency: float, retries: int, spec: ModelSpec) -> Completion:

@@ -377,7 +377,7 @@ def run_models(
     **kwargs: Any,
 ) -> ModelRunStats:
     """Synchronous entry point for commands: one event loop for the whole run."""
-    from dphil.agents.llm import Limits
+    from dphil.agents.limits import Limits
 
     async def main() -> ModelRunStats:
         gateway = Gateway(limits or Limits())

@@ -28,8 +28,8 @@ _EXPORTS = {
         "markdown",
         "table",
         "csv_text",
-        "plot",
     ),
+    "figure": ("plot",),
     "html_report": ("render_page",),
     "request": (
         "StatsRequest",

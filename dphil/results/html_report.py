@@ -30,7 +30,7 @@ from dphil.io.errors import DataError
 from dphil.io.jsonl import open_input
 from dphil.io.safe import csp_meta
 from dphil.io.safe import for_html as escape
-from dphil.results import report
+from dphil.results import figure, report
 
 DEFAULT_TIMELINES = 3
 
@@ -304,7 +304,7 @@ def _plots(cells: list[dict[str, Any]], by: Sequence[str]) -> str:
         return "<p class=\"note\">The plots need matplotlib: <code>pip install 'dphil[plot]'</code>.</p>\n"
     if not any(c["episodes"] for c in cells):
         return '<p class="note">No complete episodes to plot.</p>\n'
-    return f'<figure class="plot" id="plot">{report.plot_svg(cells, by)}</figure>\n'
+    return f'<figure class="plot" id="plot">{figure.plot_svg(cells, by)}</figure>\n'
 
 
 def _timelines(cells: list[dict[str, Any]], labels: list[str], sample: EpisodeSample | None) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from dphil.io.console import Console, output_name
 from dphil.io.errors import UsageError
 from dphil.io.jsonl import RecordWriter, check_sources
-from dphil.results import fields, report
+from dphil.results import fields, figure, report
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def run_stats(req: StatsRequest, console: Console) -> int:
     if req.effect is not None and not math.isfinite(req.effect):
         raise UsageError("--effect must be a finite number")
     if req.plot:
-        report.check_plot(req.plot)
+        figure.check_plot(req.plot)
     if req.timelines is not None and req.fmt != "html":
         raise UsageError("--timelines goes with --format html")
     if req.timelines is not None and req.no_cells:
@@ -105,7 +105,7 @@ def run_stats(req: StatsRequest, console: Console) -> int:
     )
     shown = [] if req.no_cells else cell_list
     if req.plot:
-        report.plot(cell_list, by, req.plot)
+        figure.plot(cell_list, by, req.plot)
     with RecordWriter(req.output) as writer:
         if req.fmt == "jsonl":
             for record in [*shown, *comps]:

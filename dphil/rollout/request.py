@@ -185,7 +185,7 @@ def run_request(req: RolloutRequest, console) -> int:
                 stats.written += written
                 stats.skipped_done += skipped
             if plan is not None:
-                from dphil.agents.llm import Limits
+                from dphil.agents.limits import Limits
                 from dphil.agents.runner import run_models
 
                 llm_stats = run_models(
@@ -219,7 +219,7 @@ def run_request(req: RolloutRequest, console) -> int:
 def _embedded(plan, req: RolloutRequest, servers: ExitStack, console):
     """Start a server for every embedded model (`local` entries without a URL); return the plan
     pointed at them and how many episodes may run at once (each keeps its slots)."""
-    from dphil.agents.llm import Limits
+    from dphil.agents.limits import Limits
     from dphil.serving.embedded import embedded_servers, slots_for
 
     concurrency = Limits(**req.limits).concurrency

@@ -9,9 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from dphil.agents.llm import Gateway, Limits, LLMCallError, RateLimiter, backoff_delay, retry_after_seconds
+from dphil.agents.limits import Limits, RateLimiter
+from dphil.agents.llm import Gateway, LLMCallError
 from dphil.agents.redaction import REDACTED, redact
 from dphil.agents.registry import ModelSpec
+from dphil.agents.retry import backoff_delay, retry_after_seconds
 from dphil.agents.tools import tool_specs
 from tests.support.openai_server import DROP, HANG, OpenAIServer, Reply, big, status, text, tool
 

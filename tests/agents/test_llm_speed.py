@@ -10,7 +10,8 @@ import asyncio
 import openai
 import pytest
 
-from dphil.agents.llm import Gateway, Limits, LLMCallError
+from dphil.agents.limits import Limits
+from dphil.agents.llm import Gateway, LLMCallError
 from dphil.agents.prompts import builtin_prompt, observation_text
 from dphil.agents.redaction import REDACTED
 from dphil.agents.registry import ModelSpec

@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from dphil.agents.agent import AgentSettings
-from dphil.agents.llm import Gateway, Limits
+from dphil.agents.limits import Limits
+from dphil.agents.llm import Gateway
 from dphil.agents.prompts import builtin_prompt
 from dphil.agents.registry import ModelSpec
 from dphil.agents.runner import (

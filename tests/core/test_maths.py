@@ -557,11 +557,11 @@ def test_grouping_by_seed_gives_integer_seeds(tmp_path):
 
 
 def test_plot_without_n_draws_one_point_per_cell(tmp_path, grid):
-    from dphil.results import report
+    from dphil.results import figure
 
     ep = frame.load([write(tmp_path / "e.jsonl", grid)], ["model"])
     target = tmp_path / "by-model.svg"
-    report.plot(cells.cell_records(ep, ["model"]), ["model"], str(target))
+    figure.plot(cells.cell_records(ep, ["model"]), ["model"], str(target))
     svg = target.read_text()
     assert svg.startswith("<?xml") and "scripted:hierarchy" in svg
 

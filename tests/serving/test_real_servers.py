@@ -231,7 +231,8 @@ def test_tool_choice_required_goes_to_action_calls_and_none_to_talk(monkeypatch)
     import asyncio
 
     from dphil.agents.agent import AgentSettings
-    from dphil.agents.llm import Gateway, Limits
+    from dphil.agents.limits import Limits
+    from dphil.agents.llm import Gateway
     from dphil.agents.prompts import builtin_prompt
     from dphil.agents.registry import ModelSpec
     from dphil.agents.runner import model_variant, play_episode
