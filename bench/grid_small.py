@@ -17,7 +17,7 @@ new steps after that long. Wall time per step is appended to timings.jsonl. `--r
 everything under both rewards and writes the cells and comparisons (each model against
 scripted:random, 1.5B against 0.5B, each ablation against its base) as markdown.
 
-    python bench/grid_small.py [--episodes 10] [--budget 120] [--only q05-text] [--report]
+    python bench/grid_small.py [--episodes 10] [--budget 120] [--only q05-text] [--sizes 5] [--report]
 """
 
 from __future__ import annotations
@@ -199,14 +199,25 @@ def main() -> int:
     p.add_argument("--episodes", type=int, default=10)
     p.add_argument("--budget", type=float, default=None, metavar="MINUTES", help="start no step after this long")
     p.add_argument("--only", default=None, metavar="PART[,PART]", help="run only these parts")
+    p.add_argument(
+        "--sizes", default=None, metavar="N[,N]", help="run only these table sizes (e.g. 5, to take N = 5 to 30)"
+    )
     p.add_argument("--report", action="store_true", help="score and compare what is there; run nothing")
     a = p.parse_args()
     if a.report:
         report()
         return 0
     only = set(a.only.split(",")) if a.only else None
+    try:
+        sizes = {int(x) for x in a.sizes.split(",")} if a.sizes else set(SIZES)
+    except ValueError:
+        p.error(f"--sizes: expected table sizes such as 5,10, got {a.sizes!r}")
+    if not sizes <= set(SIZES):
+        p.error(f"--sizes: the grid's sizes are {', '.join(map(str, SIZES))}")
     started = time.monotonic()
     for part, model, n, args in steps(a.episodes):
+        if n not in sizes:
+            continue
         if a.budget is not None and time.monotonic() - started > a.budget * 60:
             print("grid_small: budget spent; rerun to continue", file=sys.stderr)
             return 75
