@@ -45,7 +45,7 @@ class TreeScorer:
         # (item, candidate or -1, where scoring starts) per sequence
         self.owner: list[tuple[int, int, int]] = []
         # A reply's last token is only ever a target: no token after it is scored, so its
-        # position is left out of the rows (one per candidate, a few percent of a step),
+        # position is left out of the rows (one per distinct prompt and candidate),
         # unless another sequence goes on through it. Its id is kept here.
         self.last: list[int | None] = []
         for i, prompt in enumerate(prompts):
