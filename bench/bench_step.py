@@ -10,6 +10,8 @@ plays the same episodes as long as its sampling arithmetic is the same (float32)
   bf16w     the default with the base weights in bfloat16 (--dtype bfloat16; the adapter float32)
   bf16wa    both: bfloat16 weights (no casts while sampling) and autocast (the adapter's products too)
   bf16wa-nockpt  bf16wa keeping the activations (--no-gradient-checkpointing): bfloat16 halves them
+  bf16wa-nockpt-w4096  the same on rows of 4096 positions: fewer repeated prefixes, a mask four
+            times the size and twice the kept activations per row
   nockpt    rows of 1024 positions, activations kept (--no-gradient-checkpointing): the bare
             decoder trains faster so (bench_machine.py), but narrower rows repeat more prefixes
 
@@ -53,6 +55,15 @@ VARIANTS = {
     "bf16w": ["--dtype", "bfloat16"],
     "bf16wa": ["--dtype", "bfloat16", "--autocast", "bf16"],
     "bf16wa-nockpt": ["--dtype", "bfloat16", "--autocast", "bf16", "--no-gradient-checkpointing"],
+    "bf16wa-nockpt-w4096": [
+        "--dtype",
+        "bfloat16",
+        "--autocast",
+        "bf16",
+        "--no-gradient-checkpointing",
+        "--pack-width",
+        "4096",
+    ],
     "nockpt": ["--pack-width", "1024", "--no-gradient-checkpointing"],
 }
 
