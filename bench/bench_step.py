@@ -20,7 +20,7 @@ the positions the training forward passes computed from `positions`. The plain a
 variants must give the same gradient (same episodes, same arithmetic; the loss of a step's
 one update is the advantages' mean either way): the script prints the gradient norms'
 difference. Appends each variant's row to OUT/rows.jsonl as it finishes, then writes OUT/summary.json and
-OUT/summary.md.
+OUT/summary.md from every row of that journal.
 
     dphil-weights --model qwen2.5-coder-0.5b-instruct   # the transformers directory, once
     nice python bench/bench_step.py [--model DIR] [--variants plain,tree,bf16]
@@ -170,10 +170,17 @@ def main() -> int:
     if "plain" in by and "tree" in by:
         gap = abs(by["tree"]["grad_norm"] - by["plain"]["grad_norm"]) / by["plain"]["grad_norm"]
         print(f"bench_step: grad norm tree vs plain: relative difference {gap:.2e}")
+    print(markdown(rows, a))
+    write_summary(a, model)
+    return 0
+
+
+def write_summary(a: argparse.Namespace, model: str) -> None:
+    """summary.json and summary.md from every row the journal holds, so a later run of one
+    variant adds to the summary instead of replacing it."""
+    rows = [json.loads(line) for line in (a.out / "rows.jsonl").read_text().splitlines() if line.strip()]
     (a.out / "summary.json").write_text(json.dumps({"model": model, "rows": rows}, indent=1) + "\n")
     (a.out / "summary.md").write_text(markdown(rows, a))
-    print(markdown(rows, a))
-    return 0
 
 
 if __name__ == "__main__":
