@@ -13,9 +13,9 @@ import os
 from pathlib import Path
 
 from jobs import check, rel, tool
-from recipes_plan import PROMPT, expand
+from recipes_plan import expand
 from recipes_work import atomic_write, complete_lines, journal
-from single_token_model import build_model
+from single_token_model import PROMPT, build_model, policy_args
 
 
 class Commands:
@@ -51,18 +51,7 @@ class Commands:
         prompt = self.work / "prompt.txt"
         if not prompt.exists():
             atomic_write(prompt, PROMPT)
-        return [
-            "--rounds",
-            str(s["rounds"]),
-            "--prompt-file",
-            rel(prompt),
-            "--memory",
-            "none",
-            "--threads",
-            "1",
-            "--decode",
-            "constrained",
-        ]
+        return ["--rounds", str(s["rounds"]), *policy_args(prompt)]
 
     def train_job(self, name: str, recipe: dict, seed: int, model: str) -> tuple[str, list[str]] | None:
         s = self.size

@@ -58,7 +58,6 @@ SIZES = {
     ),
 }
 ABLATIONS = ("other", "episode", "paper", "fixed5", "last")
-PROMPT = "Seat $seat of $n.\n$answer\n"
 
 
 def recipes(steps: int, best: str | None, ablations: set[str]) -> dict[str, dict]:

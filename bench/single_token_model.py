@@ -12,7 +12,16 @@ import shutil
 import sys
 from pathlib import Path
 
-from jobs import ROOT
+from jobs import ROOT, rel
+
+# The prompt the tiny model plays with: its seat, its table and the answer format, nothing else.
+PROMPT = "Seat $seat of $n.\n$answer\n"
+
+
+def policy_args(prompt: Path) -> list[str]:
+    """How the tiny model plays, for training and evaluation alike: `prompt` (a file holding
+    PROMPT), no memory, one thread, choices scored among the six actions."""
+    return ["--prompt-file", rel(prompt), "--memory", "none", "--threads", "1", "--decode", "constrained"]
 
 
 def build_model(work: Path) -> Path:

@@ -51,12 +51,11 @@ import time
 from pathlib import Path
 
 from jobs import ROOT, check, read_jsonl, rel, run_jobs, tool
-from single_token_model import build_model
+from single_token_model import PROMPT, build_model, policy_args
 from train_curve_report import VARIANTS, aggregate, plot
 
 # A short system prompt keeps every forward pass small; the per-round observation
 # (forks held, neighbours' forks, meals, last result) is still appended by the agent.
-PROMPT = "Seat $seat of $n.\n$answer\n"
 
 
 def cells(path: Path, by: str) -> list[dict]:
@@ -104,20 +103,7 @@ def main() -> None:
     prompt = args.work / "prompt.txt"
     prompt.write_text(PROMPT)
     model = build_model(args.work)
-    common = [
-        "-n",
-        str(args.n),
-        "--rounds",
-        str(args.rounds),
-        "--prompt-file",
-        rel(prompt),
-        "--memory",
-        "none",
-        "--threads",
-        "1",
-        "--decode",
-        "constrained",
-    ]
+    common = ["-n", str(args.n), "--rounds", str(args.rounds), *policy_args(prompt)]
 
     runs = {f"{v}-s{s}": (v, s) for v in VARIANTS for s in seeds}
     jobs = [
