@@ -9,7 +9,10 @@ plays the same episodes as long as its sampling arithmetic is the same (float32)
   bf16      the default with --autocast bf16 (sampling and training)
   bf16w     the default with the base weights in bfloat16 (--dtype bfloat16; the adapter float32)
   bf16wa    both: bfloat16 weights (no casts while sampling) and autocast (the adapter's products too)
-  bf16wa-nockpt  bf16wa keeping the activations (--no-gradient-checkpointing): bfloat16 halves them
+  bf16wa-nockpt  bf16wa keeping the activations (--no-gradient-checkpointing): bfloat16 halves them;
+            since 2026-12-06 with each seat's stem computed once for the rows it opens (--shared-prefix)
+  bf16wa-nockpt-whole  the same with every row computing its stem itself (--no-shared-prefix)
+  bf16wa-nockpt-w1024  bf16wa-nockpt on rows of 1024: the stems shared, a mask a quarter the size
   bf16wa-nockpt-w4096  the same on rows of 4096 positions: fewer repeated prefixes, a mask four
             times the size and twice the kept activations per row
   nockpt    rows of 1024 positions, activations kept (--no-gradient-checkpointing): the bare
@@ -63,6 +66,23 @@ VARIANTS = {
         "--no-gradient-checkpointing",
         "--pack-width",
         "4096",
+    ],
+    "bf16wa-nockpt-whole": [
+        "--dtype",
+        "bfloat16",
+        "--autocast",
+        "bf16",
+        "--no-gradient-checkpointing",
+        "--no-shared-prefix",
+    ],
+    "bf16wa-nockpt-w1024": [
+        "--dtype",
+        "bfloat16",
+        "--autocast",
+        "bf16",
+        "--no-gradient-checkpointing",
+        "--pack-width",
+        "1024",
     ],
     "nockpt": ["--pack-width", "1024", "--no-gradient-checkpointing"],
 }
@@ -120,6 +140,7 @@ def step(model: str, variant: str, a: argparse.Namespace, work: Path) -> dict:
         "grad_norm": record["grad_norm"],
         "train_reward": record["train_reward"],
         "trained_samples": int(record["trained_samples"]),
+        "arithmetic": record.get("arithmetic"),
     }
 
 

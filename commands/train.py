@@ -224,6 +224,15 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     "(about a tenth more CPU, far less memory; the same gradient).",
 )
 @click.option(
+    "--shared-prefix/--no-shared-prefix",
+    default=True,
+    show_default=True,
+    help="peft, without gradient checkpointing: the stem that neighbouring prefix-tree rows share "
+    "(each seat's system prompt) is computed once per step as keys and values the rows attend to, "
+    "not once per row (the same gradient). Models with sliding-window layers (Gemma 3) compute "
+    "it per row.",
+)
+@click.option(
     "--tensorboard",
     is_flag=True,
     help="Also write each step's metrics as TensorBoard event files in RUN_DIR "
@@ -282,6 +291,7 @@ def main(
     pack_width,
     autocast,
     gradient_checkpointing,
+    shared_prefix,
     tensorboard,
     art_path,
     project,
@@ -343,6 +353,7 @@ def main(
             pack_width=pack_width,
             autocast=autocast,
             gradient_checkpointing=gradient_checkpointing,
+            shared_prefix=shared_prefix,
             art_path=art_path,
             project=project,
         )

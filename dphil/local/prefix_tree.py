@@ -36,6 +36,7 @@ class TreeRow:
     parents: list[int]  # column of each node's parent in this row; -1 for a root
     groups: list[int] = field(default_factory=list)  # the groups (callers' units) this row holds
     columns: dict[int, list[int]] = field(default_factory=dict)  # sequence index -> its tokens' columns
+    nodes: list[int] = field(default_factory=list)  # each column's trie node (the same node in every row)
 
     @property
     def width(self) -> int:
@@ -123,6 +124,7 @@ def _row(trie: _Trie, rank: list[int], nodes: set[int], held: list[int], members
         depths=[trie.depth[n] for n in ordered],
         parents=[column[trie.parent[n]] if trie.parent[n] >= 0 else -1 for n in ordered],
         groups=list(held),
+        nodes=ordered,
     )
     for g in held:
         for i in members[g]:
@@ -139,11 +141,16 @@ class RowTensors:
     attention_mask: Any  # a 4D additive mask [1, 1, W, W], or {layer type: mask}
 
 
-def row_tensors(torch: Any, row: TreeRow, *, config: Any, dtype: Any, device: Any) -> RowTensors:
+def row_tensors(
+    torch: Any, row: TreeRow, *, config: Any, dtype: Any, device: Any, cached: Sequence[int] = ()
+) -> RowTensors:
     """Ancestor-or-self attention over the row's depth-first layout.
 
     In depth-first order a node's subtree is one run of columns, from itself to its last
     descendant (`last`): column j is an ancestor of column i exactly when j <= i <= last[j].
+    The `cached` columns' keys and values come from a cache (`shared_prefix`): the ids and
+    positions are then the other columns' [1, Q], the mask [1, 1, Q, W] theirs over the
+    cached columns (in the cache's order) and themselves.
     """
     w = row.width
     last = list(range(w))
@@ -155,9 +162,15 @@ def row_tensors(torch: Any, row: TreeRow, *, config: Any, dtype: Any, device: An
     last_t = torch.tensor(last)
     allowed = (cols[None, :] <= cols[:, None]) & (cols[:, None] <= last_t[None, :])
     depth = torch.tensor(row.depths, dtype=torch.long)
+    queries = list(range(w))
+    if cached:
+        held = set(cached)
+        queries = [c for c in range(w) if c not in held]
+        keys = torch.tensor([*cached, *queries])
+        allowed, depth = allowed[queries][:, keys], depth[keys]
     masks = layer_masks(torch, allowed[None], depth[None], config, dtype)
     return RowTensors(
-        input_ids=torch.tensor([row.tokens], dtype=torch.long, device=device),
-        position_ids=depth[None].to(device),
+        input_ids=torch.tensor([[row.tokens[c] for c in queries]], dtype=torch.long, device=device),
+        position_ids=depth[None, len(cached) :].to(device),
         attention_mask={k: m.to(device) for k, m in masks.items()} if isinstance(masks, dict) else masks.to(device),
     )

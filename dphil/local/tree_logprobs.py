@@ -3,7 +3,9 @@
 Training gets the values of `LocalModel.unit_logprobs` (one unit per constrained decision:
 the chosen candidate's log-probability among the K; one per generated token in free
 decoding) in the same right-aligned layout, a row at a time: the trainer runs one backward
-pass per row, so memory is bounded by a row's width, not by the step. Sampling gets
+pass per row, so memory is bounded by a row's width, not by the step. With `shared_prefix`
+the nodes several neighbouring rows hold are computed once for them (`shared_prefix`), and
+the trainer calls `done(row)` after each row's backward pass. Sampling gets
 `candidate_logprobs`' [D, K] for a round's prompts, which share their system prompt.
 """
 
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dphil.local.prefix_tree import TreeRow, plan_rows, row_tensors
+from dphil.local.shared_prefix import Family, StemPass, plan_families
 
 if TYPE_CHECKING:
     from dphil.local.model import Decision, LocalModel
@@ -34,6 +37,7 @@ class TreeScorer:
         completions: Sequence[list[int]] | None = None,
         chosen: Sequence[int | None] | None = None,
         max_width: int,
+        shared_prefix: bool = False,
     ) -> None:
         if (candidates is None) == (completions is None):
             raise ValueError("give every prompt either its candidates or its completion")
@@ -56,9 +60,17 @@ class TreeScorer:
                 self.owner.append((i, k if self.constrained else -1, len(prompt)))
                 groups.append(i)
         self.rows = plan_rows(sequences, groups, max_width=max_width)
+        # Under gradient, the nodes several rows of a family hold are computed once (`shared_prefix`).
+        self.families: list[Family] = []
+        if shared_prefix and lm is not None and can_share(lm):
+            self.families = plan_families(self.rows, max_width=max_width)
+        self._family_of = {i: f for f in self.families for i in f.rows}
+        self._stem: tuple[Family, StemPass] | None = None  # the family whose rows are under way
 
     @classmethod
-    def of_decisions(cls, lm: LocalModel, decisions: Sequence[Decision], *, max_width: int) -> TreeScorer:
+    def of_decisions(
+        cls, lm: LocalModel, decisions: Sequence[Decision], *, max_width: int, shared_prefix: bool = False
+    ) -> TreeScorer:
         """The replies a step trains on: constrained or free, never both."""
         kinds = {d.candidate is not None for d in decisions}
         if len(kinds) > 1:
@@ -66,13 +78,29 @@ class TreeScorer:
         prompts = [d.prompt_ids for d in decisions]
         if kinds == {True}:
             cands = [lm.candidate_ids(d.candidates) for d in decisions]
-            return cls(lm, prompts, candidates=cands, chosen=[d.candidate for d in decisions], max_width=max_width)
-        return cls(lm, prompts, completions=[d.completion_ids for d in decisions], max_width=max_width)
+            chosen = [d.candidate for d in decisions]
+            return cls(lm, prompts, candidates=cands, chosen=chosen, max_width=max_width, shared_prefix=shared_prefix)
+        completions = [d.completion_ids for d in decisions]
+        return cls(lm, prompts, completions=completions, max_width=max_width, shared_prefix=shared_prefix)
 
     @property
     def tokens(self) -> int:
-        """Positions the rows compute (each shared prefix once per row)."""
-        return sum(r.width for r in self.rows)
+        """Positions the rows compute: each shared prefix once per row, once per family with a stem."""
+        total = sum(r.width for i, r in enumerate(self.rows) if i not in self._family_of)
+        for f in self.families:
+            total += f.stem.width + sum(n not in f.column for i in f.rows for n in self.rows[i].nodes)
+        return total
+
+    def done(self, row: TreeRow) -> None:
+        """After the row's backward pass; after a family's last row, the stem's own backward pass.
+
+        The trainer calls it once per row, in order. The stem's gradient is the sum of what
+        the family's rows left on its leaves.
+        """
+        family = self._family_of.get(self._index(row))
+        if self._stem is not None and family is self._stem[0] and self._index(row) == family.rows[-1]:
+            self._stem[1].backward(self.lm.torch)
+            self._stem = None
 
     def unit_logprobs(self, row: TreeRow, *, temperature: float) -> tuple[list[int], Any, Any]:
         """(the row's items, [D, T] log-probabilities, [D, T] mask), as `unit_logprobs` lays them out."""
@@ -108,13 +136,9 @@ class TreeScorer:
 
     def _scored(self, row: TreeRow, temperature: float) -> tuple[Any, list[tuple[int, int, int, int]]]:
         """The row's forward pass: every scored token's log-probability, and (item, candidate, first, count) spans."""
-        lm = self.lm
-        torch = lm.torch
-        decoder, lm_head, _ = lm._parts()
-        t = row_tensors(torch, row, config=decoder.config, dtype=lm_head.weight.dtype, device=lm.device)
-        hidden, _ = lm._hidden(
-            input_ids=t.input_ids, attention_mask=t.attention_mask, position_ids=t.position_ids, use_cache=False
-        )
+        torch = self.lm.torch
+        family = self._family_of.get(self._index(row)) if torch.is_grad_enabled() else None
+        hidden, at = (self._whole(row), None) if family is None else self._hidden(row, family)
         predictors: list[int] = []
         targets: list[int] = []
         spans: list[tuple[int, int, int, int]] = []
@@ -126,14 +150,79 @@ class TreeScorer:
                 continue
             # Position t predicts token t + 1: the scored tokens by the columns just before
             # them, the reply's last one by the sequence's last column.
-            predictors += cols[start - 1 :]
+            predictors += cols[start - 1 :] if at is None else [at[c] for c in cols[start - 1 :]]
             targets += [*(row.tokens[c] for c in cols[start:]), last]
             n = len(cols) - start + 1
             spans.append((i, k, len(targets) - n, n))
-        flat = lm._head_logprobs(
-            hidden[0, predictors], torch.tensor(targets, device=hidden.device).unsqueeze(-1), temperature or 1.0
+        flat = self.lm._head_logprobs(
+            hidden[predictors], torch.tensor(targets, device=hidden.device).unsqueeze(-1), temperature or 1.0
         ).squeeze(-1)
         return flat, spans
+
+    def _whole(self, row: TreeRow) -> Any:
+        """[W, H]: the row's hidden states, every column computed."""
+        lm = self.lm
+        decoder, lm_head, _ = lm._parts()
+        t = row_tensors(lm.torch, row, config=decoder.config, dtype=lm_head.weight.dtype, device=lm.device)
+        hidden, _ = lm._hidden(
+            input_ids=t.input_ids, attention_mask=t.attention_mask, position_ids=t.position_ids, use_cache=False
+        )
+        return hidden[0]
+
+    def _index(self, row: TreeRow) -> int:
+        return next(i for i, r in enumerate(self.rows) if r is row)
+
+    def _hidden(self, row: TreeRow, family: Family) -> tuple[Any, dict[int, int]]:
+        """The hidden states the row scores from, and each column's place in them.
+
+        The row computes the columns its family's stem lacks, attending to the stem's columns
+        it holds through a cache; a stem column's hidden state is the stem's (through its leaf).
+        """
+        lm = self.lm
+        torch = lm.torch
+        decoder, lm_head, _ = lm._parts()
+        stem = self._stem_pass(family)
+        held = family.column
+        cached = [c for c, n in enumerate(row.nodes) if n in held]
+        own = [c for c, n in enumerate(row.nodes) if n not in held]
+        index = torch.tensor([held[row.nodes[c]] for c in cached], dtype=torch.long, device=lm.device)
+        from_stem = stem.hidden_leaf.index_select(0, index)
+        at = {c: j for j, c in enumerate(own)} | {c: len(own) + j for j, c in enumerate(cached)}
+        if not own:  # every column is the stem's
+            return from_stem, at
+        t = row_tensors(torch, row, config=decoder.config, dtype=lm_head.weight.dtype, device=lm.device, cached=cached)
+        hidden, _ = lm._hidden(
+            input_ids=t.input_ids,
+            attention_mask=t.attention_mask,
+            position_ids=t.position_ids,
+            past_key_values=stem.cache(index),
+            use_cache=True,
+        )
+        return torch.cat([hidden[0], from_stem]), at
+
+    def _stem_pass(self, family: Family) -> StemPass:
+        """The family's stem under gradient, computed for its first row and kept for the rest."""
+        if self._stem is not None and self._stem[0] is family:
+            return self._stem[1]
+        if self._stem is not None:
+            raise RuntimeError("each row of a family with a shared stem must be followed by done(row), in order")
+        lm = self.lm
+        decoder, lm_head, _ = lm._parts()
+        t = row_tensors(lm.torch, family.stem, config=decoder.config, dtype=lm_head.weight.dtype, device=lm.device)
+        hidden, cache = lm._hidden(
+            input_ids=t.input_ids, attention_mask=t.attention_mask, position_ids=t.position_ids, use_cache=True
+        )
+        self._stem = (family, StemPass.of(hidden[0], cache))
+        return self._stem[1]
+
+
+def can_share(lm: LocalModel) -> bool:
+    """Whether rows may attend to a stem's cache: every layer attends fully (a sliding window
+    would crop the cache) and none is checkpointed (transformers' checkpointed layers drop it)."""
+    decoder = lm._parts()[0]
+    kinds = getattr(decoder.config, "layer_types", None) or ["full_attention"]
+    checkpointed = any(getattr(m, "gradient_checkpointing", False) for m in decoder.modules())
+    return all(kind == "full_attention" for kind in kinds) and not checkpointed
 
 
 def tree_candidate_logprobs(

@@ -90,6 +90,7 @@ class TrainRequest:
     pack_width: int = 2048
     autocast: str | None = None
     gradient_checkpointing: bool = True
+    shared_prefix: bool = True
     # ART
     art_path: str | None = None  # [default: run_dir/art]
     project: str = "dphil"
@@ -221,6 +222,7 @@ def make_backend_factory(cfg: TrainConfig, req: TrainRequest):
             pack_width=req.pack_width,
             autocast=req.autocast,
             gradient_checkpointing=req.gradient_checkpointing,
+            shared_prefix=req.shared_prefix,
             init_seed=derive_seed("lora-init", cfg.seed),
         )
         return lambda resume_from: PeftBackend(settings, resume_from=resume_from)

@@ -25,7 +25,7 @@ from dphil.io.errors import MissingExtraError, OutputError
 from dphil.local.loading import load_adapter
 from dphil.local.model import LORA_TARGETS, Decision, LocalModel
 from dphil.local.play import Played, play_episodes
-from dphil.local.tree_logprobs import TreeScorer
+from dphil.local.tree_logprobs import TreeScorer, can_share
 from dphil.train.grpo import grpo_loss
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -62,6 +62,10 @@ class PeftSettings:
     # prompt, in batches of train_micro_batch, and samples from whole prompts (the plain
     # computation both are tested against).
     pack_width: int = 2048
+    # Without gradient checkpointing, on a model whose layers all attend fully: the prefixes
+    # several rows need (each seat's system prompt) computed once per step, as keys and values
+    # the rows attend to (`dphil.local.shared_prefix`; the same gradient).
+    shared_prefix: bool = True
     # "bf16": matrix products in bfloat16 under torch.autocast (the LoRA weights, the
     # optimiser and the loss stay float32); None: the model's own dtype throughout.
     autocast: str | None = None
@@ -147,7 +151,13 @@ class PeftBackend:
             "autocast": s.autocast,
             "gradient_checkpointing": s.gradient_checkpointing,
             "pack_width": s.pack_width,
+            "shared_prefix": self._shares_prefix(),
         }
+
+    def _shares_prefix(self) -> bool:
+        """Whether training rows attend to a shared stem's keys and values (see PeftSettings)."""
+        s = self.settings
+        return s.shared_prefix and s.pack_width > 0 and can_share(self.lm)
 
     def rollout(self, configs: Sequence[EpisodeConfig], *, seed: int) -> list[Played]:
         self.lm.model.eval()
@@ -198,16 +208,22 @@ class PeftBackend:
         self.optimizer.zero_grad(set_to_none=True)
         decisions = [x.decision for x in samples]
         if s.pack_width > 0:
-            scorer = TreeScorer.of_decisions(self.lm, decisions, max_width=s.pack_width)
+            scorer = TreeScorer.of_decisions(
+                self.lm, decisions, max_width=s.pack_width, shared_prefix=self._shares_prefix()
+            )
             stats["positions"] = float(scorer.tokens)
             chunks = [
-                (row.groups, lambda temperature, row=row: scorer.unit_logprobs(row, temperature=temperature)[1:])
+                (
+                    row.groups,
+                    lambda temperature, row=row: scorer.unit_logprobs(row, temperature=temperature)[1:],
+                    partial(scorer.done, row),
+                )
                 for row in scorer.rows
             ]
         else:
             step = max(1, s.train_micro_batch)
             chunks = [
-                (idx, partial(self.lm.unit_logprobs, [decisions[i] for i in idx]))
+                (idx, partial(self.lm.unit_logprobs, [decisions[i] for i in idx]), lambda: None)
                 for idx in (list(range(a, min(a + step, len(samples)))) for a in range(0, len(samples), step))
             ]
             stats["positions"] = float(
@@ -215,7 +231,7 @@ class PeftBackend:
                 if decisions[0].candidate is None
                 else sum(len(d.prompt_ids) + sum(map(len, self.lm.candidate_ids(d.candidates))) for d in decisions)
             )
-        for idx, unit_logprobs in chunks:
+        for idx, unit_logprobs, done in chunks:
             with self._autocast():
                 lp, mask = unit_logprobs(temperature=temperature)
                 ref = None
@@ -241,6 +257,7 @@ class PeftBackend:
                 normaliser=total_units,
             )
             loss.backward()
+            done()  # after a family's last row: its shared stem's backward pass
             for key in ("loss", "pg_loss", "kl", "clip_fraction", "tokens"):
                 stats[key] += part[key]
         params = [p for p in model.parameters() if p.requires_grad]

@@ -47,20 +47,24 @@ def record_gradients(b: PeftBackend) -> list:
 
 @pytest.fixture(scope="module")
 def steps(tiny, prompt_file):
-    """(plain, tree) backends after one step each on their own rollouts, with their stats."""
+    """name -> (gradients, episodes, stats) of one step on its own rollout, name_backend -> the backend."""
     out = {}
-    for name, width in (("plain", 0), ("tree", 2048)):
-        b = backend(tiny, prompt_file, pack_width=width)
+    # "shared": rows of 256 positions without checkpointing, so each seat's stem is computed
+    # once for the several rows its conversations span.
+    variants = {"plain": {"pack_width": 0}, "tree": {}, "shared": {"pack_width": 256, "gradient_checkpointing": False}}
+    for name, kw in variants.items():
+        b = backend(tiny, prompt_file, **kw)
         played = b.rollout(CONFIGS, seed=3)
         grads = record_gradients(b)
         stats = b.train(samples_of(played))
         out[name] = (grads[0], played, stats)
+        out[f"{name}_backend"] = b
     return out
 
 
 def test_both_play_the_same_episodes(steps):
-    (_, plain, _), (_, tree, _) = steps["plain"], steps["tree"]
-    for a, b in zip(plain, tree, strict=True):
+    (_, plain, _), (_, tree, _), (_, shared, _) = steps["plain"], steps["tree"], steps["shared"]
+    for a, b in [*zip(plain, tree, strict=True), *zip(plain, shared, strict=True)]:
         assert [t["action"] for t in a.record["turns"]] == [t["action"] for t in b.record["turns"]]
         for ta, tb in zip(a.record["turns"], b.record["turns"], strict=True):
             for action, p in ta["action_probs"].items():
@@ -79,6 +83,21 @@ def test_the_loss_and_the_update_are_the_same(steps):
     assert_gradients_close(tree_grads, plain_grads)
     # Every prompt shares the system prompt and grows turn by turn: far fewer positions.
     assert ts["positions"] < ps["positions"] / 2
+
+
+def test_a_stem_computed_once_gives_the_same_update(steps):
+    from dphil.local.tree_logprobs import TreeScorer
+    from tests.support.logprobs import assert_gradients_close
+
+    (plain_grads, played, ps), (shared_grads, _, ss) = steps["plain"], steps["shared"]
+    for key in ("loss", "pg_loss", "tokens", "trained_samples"):
+        assert ss[key] == pytest.approx(ps[key], rel=1e-5, abs=1e-6), key
+    assert_gradients_close(shared_grads, plain_grads)
+    # The same rows computed whole would hold each seat's stem once per row.
+    b = steps["shared_backend"]
+    whole = TreeScorer.of_decisions(b.lm, [d for p in played for d in p.decisions], max_width=256)
+    assert len(whole.rows) > 2 and ss["positions"] < whole.tokens
+    assert b.arithmetic()["shared_prefix"] is True
 
 
 @pytest.mark.parametrize(
