@@ -227,10 +227,11 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     "--shared-prefix/--no-shared-prefix",
     default=True,
     show_default=True,
-    help="peft, without gradient checkpointing: the stem that neighbouring prefix-tree rows share "
-    "(each seat's system prompt) is computed once per step as keys and values the rows attend to, "
-    "not once per row (the same gradient). Models with sliding-window layers (Gemma 3) compute "
-    "it per row.",
+    help="peft, without gradient checkpointing: what several neighbouring prefix-tree rows hold "
+    "(each seat's system prompt, turns their conversations share) is computed once for them, as keys "
+    "and values the rows attend to, not once per row (the same gradient; its activations are kept "
+    "until the rows are done, at most --pack-width positions). Models with sliding-window layers "
+    "(Gemma 3) compute every row whole.",
 )
 @click.option(
     "--tensorboard",
