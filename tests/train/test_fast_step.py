@@ -128,3 +128,28 @@ def test_a_cpu_that_emulates_bf16_is_named_before_training():
     assert (why is None) == native
     if why is not None:  # an AVX2 machine: the warning says what torch runs on
         assert torch.backends.cpu.get_cpu_capability() in why and "emulated" in why
+
+
+def test_a_stem_computed_once_keeps_the_kl_term(tiny, prompt_file, steps):
+    """With --kl-coef the reference (adapter off, no gradient) is scored on whole rows beside the stems."""
+    from tests.support.logprobs import assert_gradients_close
+
+    trained = [p.detach().clone() for p in steps["plain_backend"].lm.model.parameters() if p.requires_grad]
+    _, played, _ = steps["plain"]
+    got = {}
+    for name, kw in {
+        "plain": {"pack_width": 0},
+        "shared": {"pack_width": 256, "gradient_checkpointing": False},
+    }.items():
+        b = backend(tiny, prompt_file, kl_coef=0.5, **kw)
+        # A trained adapter (the plain step's), so the policy and the reference differ.
+        for p, w in zip((p for p in b.lm.model.parameters() if p.requires_grad), trained, strict=True):
+            p.data.copy_(w)
+        grads = record_gradients(b)
+        stats = b.train(samples_of(played))
+        got[name] = (grads[0], stats)
+    (g_plain, s_plain), (g_shared, s_shared) = got["plain"], got["shared"]
+    assert s_plain["kl"] > 0 and s_shared["kl"] == pytest.approx(s_plain["kl"], rel=1e-4)
+    assert s_shared["loss"] == pytest.approx(s_plain["loss"], rel=1e-4, abs=1e-6)
+    assert s_shared["positions"] < s_plain["positions"]
+    assert_gradients_close(g_shared, g_plain)
