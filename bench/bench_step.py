@@ -5,14 +5,16 @@ Each variant is `dphil-train --backend peft` run as a user runs it, one step, un
 plays the same episodes as long as its sampling arithmetic is the same (float32):
 
   plain     --pack-width 0: every reply scored on its own prompt, as before prefix trees
-  tree      the default: a step's replies on prefix-tree rows, each shared prefix once per row
+  tree      the default: a step's replies on prefix-tree rows, each shared prefix once per row (since
+            2026-12-06, in this and every later variant, what neighbouring rows share computed once
+            for them: --shared-prefix)
   bf16      the default with --autocast bf16 (sampling and training)
   bf16w     the default with the base weights in bfloat16 (--dtype bfloat16; the adapter float32)
   bf16wa    both: bfloat16 weights (no casts while sampling) and autocast (the adapter's products too)
-  bf16wa-nockpt  bf16wa keeping the activations (--no-gradient-checkpointing): bfloat16 halves them;
-            since 2026-12-06 with each seat's stem computed once for the rows it opens (--shared-prefix)
-  bf16wa-nockpt-whole  the same with every row computing its stem itself (--no-shared-prefix)
-  bf16wa-nockpt-w1024  bf16wa-nockpt on rows of 1024: the stems shared, a mask a quarter the size
+  bf16wa-whole  bf16wa with every row computing what it shares with its neighbours (--no-shared-prefix)
+  bf16wa-nockpt  bf16wa keeping the activations (--no-gradient-checkpointing): bfloat16 halves them
+  bf16wa-nockpt-whole  the same with every row computing what it shares (--no-shared-prefix)
+  bf16wa-nockpt-w1024  bf16wa-nockpt on rows of 1024: narrower shared stems, a mask a quarter the size
   bf16wa-nockpt-w4096  the same on rows of 4096 positions: fewer repeated prefixes, a mask four
             times the size and twice the kept activations per row
   nockpt    rows of 1024 positions, activations kept (--no-gradient-checkpointing): the bare
@@ -57,6 +59,7 @@ VARIANTS = {
     "bf16": ["--autocast", "bf16"],
     "bf16w": ["--dtype", "bfloat16"],
     "bf16wa": ["--dtype", "bfloat16", "--autocast", "bf16"],
+    "bf16wa-whole": ["--dtype", "bfloat16", "--autocast", "bf16", "--no-shared-prefix"],
     "bf16wa-nockpt": ["--dtype", "bfloat16", "--autocast", "bf16", "--no-gradient-checkpointing"],
     "bf16wa-nockpt-w4096": [
         "--dtype",

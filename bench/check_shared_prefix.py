@@ -49,7 +49,7 @@ def score(backend, decisions, *, width: int, shared: bool) -> tuple[dict, list, 
         weights = torch.tensor([(-1.0) ** i * (1 + i % 3) for i in idx])
         (lp[:, 0] * weights).sum().backward()
         scorer.done(row)
-        values.update({i: float(lp[b, 0]) for b, i in enumerate(idx)})
+        values.update({i: float(lp[b, 0].detach()) for b, i in enumerate(idx)})
     info = {
         "positions": scorer.tokens,
         "rows": len(scorer.rows),

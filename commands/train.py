@@ -227,11 +227,10 @@ Anywhere (transformers + peft, constrained decoding), with the fixes as flags:
     "--shared-prefix/--no-shared-prefix",
     default=True,
     show_default=True,
-    help="peft, without gradient checkpointing: what several neighbouring prefix-tree rows hold "
-    "(each seat's system prompt, turns their conversations share) is computed once for them, as keys "
-    "and values the rows attend to, not once per row (the same gradient; its activations are kept "
-    "until the rows are done, at most --pack-width positions). Models with sliding-window layers "
-    "(Gemma 3) compute every row whole.",
+    help="peft: what several neighbouring prefix-tree rows hold (each seat's system prompt, turns "
+    "their conversations share) is computed once for them, as keys and values the rows attend to, "
+    "not once per row (the same gradient; at most --pack-width positions, kept until the rows are "
+    "done). Models with sliding-window layers (Gemma 3) compute every row whole.",
 )
 @click.option(
     "--tensorboard",

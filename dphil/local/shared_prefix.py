@@ -16,16 +16,17 @@ backward pass stops there and leaves its gradient on them; after the family's la
 backward pass through the stem takes their sum, as it would if every row had computed the
 stem itself. Within a family every node is computed once.
 
-Only for models whose every layer attends fully (a sliding window would crop the cache)
-and without gradient checkpointing (transformers' checkpointed layers drop the cache);
-under `torch.no_grad` (sampling, the KL reference with the adapter off) rows are computed
+Only for models whose every layer attends fully (a sliding window would crop the cache);
+with gradient checkpointing too (the caches here are safe to replay, below). Under
+`torch.no_grad` (sampling, the KL reference with the adapter off) rows are computed
 whole, as before.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,18 +110,13 @@ class StemPass:
     leaves: list[tuple[Any, Any]]
 
     @classmethod
-    def of(cls, hidden: Any, cache: Any) -> StemPass:
-        states = [(layer.keys, layer.values) for layer in cache.layers]
+    def of(cls, hidden: Any, states: list[tuple[Any, Any]]) -> StemPass:
         leaves = [(k.detach().requires_grad_(True), v.detach().requires_grad_(True)) for k, v in states]
         return cls(hidden, states, hidden.detach().requires_grad_(True), leaves)
 
     def cache(self, index: Any) -> Any:
-        """A fresh cache of the stem columns `index` for one row (a row's pass appends to it)."""
-        from transformers import DynamicCache
-
-        return DynamicCache(
-            ddp_cache_data=[(k.index_select(2, index), v.index_select(2, index)) for k, v in self.leaves]
-        )
+        """The stem columns `index` as a cache one row reads."""
+        return read_cache([(k.index_select(2, index), v.index_select(2, index)) for k, v in self.leaves])
 
     def backward(self, torch: Any) -> None:
         """One backward pass through the stem with the gradient every row left on its leaves."""
@@ -133,3 +129,52 @@ class StemPass:
         used = [(s, leaf.grad) for s, leaf in pairs if leaf.grad is not None and s.requires_grad]
         if used:
             torch.autograd.backward([s for s, _ in used], [g for _, g in used])
+
+
+# Caches that a checkpointed layer may replay: transformers drops a layer's cache under
+# gradient checkpointing because the usual one appends each call, so the backward pass's
+# replay would append twice. These keep nothing a replay could change: one reads the stem
+# (a row's keys and values come back after it, none are kept), the other notes each layer's
+# keys and values as the stem's pass computes them (a replay notes equal ones again).
+
+
+def read_cache(stem: list[tuple[Any, Any]]) -> Any:
+    """A cache that gives a layer the stem's keys and values followed by its own, and keeps none."""
+    import torch
+    from transformers import DynamicCache
+
+    class ReadCache(DynamicCache):
+        def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+            k, v = stem[layer_idx]
+            return torch.cat([k, key_states], dim=-2), torch.cat([v, value_states], dim=-2)
+
+    return ReadCache()
+
+
+def noting_cache() -> Any:
+    """A cache that notes each layer's keys and values in `.states` and hands them back alone."""
+    from transformers import DynamicCache
+
+    class NotingCache(DynamicCache):
+        def __init__(self) -> None:
+            super().__init__()
+            self.states: dict[int, tuple[Any, Any]] = {}
+
+        def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+            self.states[layer_idx] = (key_states, value_states)
+            return key_states, value_states
+
+    return NotingCache()
+
+
+@contextmanager
+def replayable(decoder: Any) -> Iterator[None]:
+    """Let the decoder's checkpointed layers keep a cache these functions made (see above)."""
+    layers = [m for m in decoder.modules() if hasattr(type(m), "_can_checkpoint_with_cache")]
+    for m in layers:
+        m._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for m in layers:
+            del m._can_checkpoint_with_cache

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dphil.local.prefix_tree import TreeRow, plan_rows, row_tensors
-from dphil.local.shared_prefix import Family, StemPass, plan_families
+from dphil.local.shared_prefix import Family, StemPass, noting_cache, plan_families, replayable
 
 if TYPE_CHECKING:
     from dphil.local.model import Decision, LocalModel
@@ -191,13 +191,14 @@ class TreeScorer:
         if not own:  # every column is the stem's
             return from_stem, at
         t = row_tensors(torch, row, config=decoder.config, dtype=lm_head.weight.dtype, device=lm.device, cached=cached)
-        hidden, _ = lm._hidden(
-            input_ids=t.input_ids,
-            attention_mask=t.attention_mask,
-            position_ids=t.position_ids,
-            past_key_values=stem.cache(index),
-            use_cache=True,
-        )
+        with replayable(decoder):
+            hidden, _ = lm._hidden(
+                input_ids=t.input_ids,
+                attention_mask=t.attention_mask,
+                position_ids=t.position_ids,
+                past_key_values=stem.cache(index),
+                use_cache=True,
+            )
         return torch.cat([hidden[0], from_stem]), at
 
     def _stem_pass(self, family: Family) -> StemPass:
@@ -209,20 +210,23 @@ class TreeScorer:
         lm = self.lm
         decoder, lm_head, _ = lm._parts()
         t = row_tensors(lm.torch, family.stem, config=decoder.config, dtype=lm_head.weight.dtype, device=lm.device)
-        hidden, cache = lm._hidden(
-            input_ids=t.input_ids, attention_mask=t.attention_mask, position_ids=t.position_ids, use_cache=True
-        )
-        self._stem = (family, StemPass.of(hidden[0], cache))
+        cache = noting_cache()
+        with replayable(decoder):
+            hidden, _ = lm._hidden(
+                input_ids=t.input_ids,
+                attention_mask=t.attention_mask,
+                position_ids=t.position_ids,
+                past_key_values=cache,
+                use_cache=True,
+            )
+        self._stem = (family, StemPass.of(hidden[0], [cache.states[i] for i in range(len(cache.states))]))
         return self._stem[1]
 
 
 def can_share(lm: LocalModel) -> bool:
-    """Whether rows may attend to a stem's cache: every layer attends fully (a sliding window
-    would crop the cache) and none is checkpointed (transformers' checkpointed layers drop it)."""
-    decoder = lm._parts()[0]
-    kinds = getattr(decoder.config, "layer_types", None) or ["full_attention"]
-    checkpointed = any(getattr(m, "gradient_checkpointing", False) for m in decoder.modules())
-    return all(kind == "full_attention" for kind in kinds) and not checkpointed
+    """Whether rows may attend to a stem's cache: every layer attends fully (a sliding window would crop it)."""
+    kinds = getattr(lm._parts()[0].config, "layer_types", None) or ["full_attention"]
+    return all(kind == "full_attention" for kind in kinds)
 
 
 def tree_candidate_logprobs(

@@ -62,9 +62,9 @@ class PeftSettings:
     # prompt, in batches of train_micro_batch, and samples from whole prompts (the plain
     # computation both are tested against).
     pack_width: int = 2048
-    # Without gradient checkpointing, on a model whose layers all attend fully: what several
-    # neighbouring rows hold (each seat's system prompt) computed once for them, as keys and
-    # values the rows attend to (`dphil.local.shared_prefix`; the same gradient).
+    # On a model whose layers all attend fully: what several neighbouring rows hold (each
+    # seat's system prompt) computed once for them, as keys and values the rows attend to
+    # (`dphil.local.shared_prefix`; the same gradient).
     shared_prefix: bool = True
     # "bf16": matrix products in bfloat16 under torch.autocast (the LoRA weights, the
     # optimiser and the loss stay float32); None: the model's own dtype throughout.

@@ -71,7 +71,7 @@ def test_step_mode_is_recorded_in_every_checkpoint_and_the_run_settings(tiny, pr
             "autocast": None,
             "gradient_checkpointing": True,
             "pack_width": 2048,
-            "shared_prefix": False,  # checkpointed layers drop a cache: each row computes its stem
+            "shared_prefix": True,
         }
         validator(r)
     settings = json.loads((run_dir / "run.json").read_text())
