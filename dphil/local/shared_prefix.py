@@ -1,4 +1,4 @@
-"""The prefixes several prefix-tree rows need, computed once per step as keys and values they attend to.
+"""What several neighbouring prefix-tree rows hold, computed once for them as keys and values they attend to.
 
 Prefix-tree rows (`prefix_tree`) compute each shared prefix once per row, so a prefix that
 several rows need is computed once in each: in a study-size step every seat's own system
