@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -207,6 +207,8 @@ class PeftBackend:
         total_units = sum(1 if x.decision.candidate is not None else len(x.decision.completion_ids) for x in samples)
         self.optimizer.zero_grad(set_to_none=True)
         decisions = [x.decision for x in samples]
+        # (the samples a chunk holds, its log-probabilities, what follows its backward pass)
+        chunks: list[tuple[list[int], Callable[..., tuple[Any, Any]], Callable[[], None]]]
         if s.pack_width > 0:
             scorer = TreeScorer.of_decisions(
                 self.lm, decisions, max_width=s.pack_width, shared_prefix=self._shares_prefix()
