@@ -101,7 +101,7 @@ def main() -> int:
     shared = score(backend, decisions, width=a.width, shared=True)
     wide = score(backend, decisions, width=8192, shared=False)
     result = {
-        "model": model,
+        "model": Path(model).name,
         "cpu": cpu_kind(),
         "replies": len(decisions),
         "width": a.width,
