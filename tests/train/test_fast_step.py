@@ -153,3 +153,36 @@ def test_a_stem_computed_once_keeps_the_kl_term(tiny, prompt_file, steps):
     assert s_shared["loss"] == pytest.approx(s_plain["loss"], rel=1e-4, abs=1e-6)
     assert s_shared["positions"] < s_plain["positions"]
     assert_gradients_close(g_shared, g_plain)
+
+
+def test_under_autocast_skipping_peft_input_casts_changes_no_value(tiny, prompt_file):
+    """peft casts each LoRA input to the float32 adapter weights and autocast casts it back: skipped."""
+    import contextlib
+    from unittest.mock import patch
+
+    import peft.helpers
+
+    from tests.support.logprobs import assert_gradients_close
+
+    out = {}
+    for name in ("skipped", "cast"):
+        b = backend(tiny, prompt_file, dtype="bfloat16", autocast="bf16")
+        torch.manual_seed(5)  # a nonzero B (peft starts it at zero), the same in both
+        for n, p in b.lm.model.named_parameters():
+            if "lora_B" in n:
+                p.data.normal_(0.0, 0.05)
+        grads = record_gradients(b)
+        keep = (
+            contextlib.nullcontext()
+            if name == "skipped"
+            else patch.object(peft.helpers, "disable_input_dtype_casting", lambda model: contextlib.nullcontext())
+        )
+        with keep:
+            played = b.rollout(CONFIGS, seed=3)
+            stats = b.train(samples_of(played))
+        out[name] = (played, stats, grads[0])
+    (a, sa, ga), (c, sc, gc) = out["skipped"], out["cast"]
+    for x, y in zip(a, c, strict=True):
+        assert [t["action_probs"] for t in x.record["turns"]] == [t["action_probs"] for t in y.record["turns"]]
+    assert sa["loss"] == sc["loss"]
+    assert_gradients_close(ga, gc)
