@@ -150,3 +150,17 @@ def test_without_gradient_rows_are_computed_whole(lm):
         for row in scorer.rows:
             scorer.unit_logprobs(row, temperature=1.0)
     assert scorer._stem is None  # nothing kept for a backward pass
+
+
+def test_a_familys_rows_out_of_turn_are_refused(lm):
+    from dphil.local.tree_logprobs import TreeScorer
+    from tests.local.test_prefix_tree import conversations
+
+    scorer = TreeScorer.of_decisions(lm, conversations(lm, turns=3, seats=2), max_width=60, shared_prefix=True)
+    if len(scorer.families) < 2:
+        pytest.skip("this model computes every row whole (sliding window)")
+    first, second = scorer.families[:2]
+    scorer.unit_logprobs(scorer.rows[first.rows[0]], temperature=1.0)
+    # The next family's row before the first family's stem got its gradient: refused, not lost.
+    with pytest.raises(RuntimeError, match="done"):
+        scorer.unit_logprobs(scorer.rows[second.rows[0]], temperature=1.0)
