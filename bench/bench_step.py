@@ -35,6 +35,8 @@ KIND names the CPU's matrix instructions (avx2, avx512, avx512-amx): they decide
 bfloat16 is fast (bench_machine.py), so each kind of machine keeps its own figures.
 
 The study's step is the default size (2 groups x 3 episodes, N = 5, 5 rounds, LoRA rank 8).
+Run under LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 (Debian's libjemalloc2), each
+row records the preloaded allocator as `preload`.
 Needs `pip install -e '.[train,real]'` and /usr/bin/time.
 """
 
@@ -144,6 +146,8 @@ def step(model: str, variant: str, a: argparse.Namespace, work: Path) -> dict:
         "train_reward": record["train_reward"],
         "trained_samples": int(record["trained_samples"]),
         "arithmetic": record.get("arithmetic"),
+        # A memory allocator preloaded into the step (LD_PRELOAD), which changes its speed, not its values.
+        "preload": Path(os.environ["LD_PRELOAD"]).name if os.environ.get("LD_PRELOAD") else None,
     }
 
 
@@ -157,8 +161,9 @@ def markdown(rows: list[dict], a: argparse.Namespace) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
+        name = r["variant"] + (f" under {r['preload']}" if r.get("preload") else "")
         out.append(
-            f"| {r['variant']} | {r['step_s']:.0f} | {r['rollout_s']:.0f} | {r['train_s']:.0f} | {r['save_s']:.1f} "
+            f"| {name} | {r['step_s']:.0f} | {r['rollout_s']:.0f} | {r['train_s']:.0f} | {r['save_s']:.1f} "
             f"| {r['positions']} | {r['peak_rss_gb']} | {r['loss']:.6f} | {r['grad_norm']:.4f} |"
         )
     return "\n".join(out) + "\n"
