@@ -8,6 +8,7 @@ plays the same episodes as long as its sampling arithmetic is the same (float32)
   tree      the default: a step's replies on prefix-tree rows, each shared prefix once per row (since
             2026-12-06, in this and every later variant, what neighbouring rows share computed once
             for them: --shared-prefix)
+  tree-whole  the default with every row computing what it shares with its neighbours (--no-shared-prefix)
   bf16      the default with --autocast bf16 (sampling and training)
   bf16w     the default with the base weights in bfloat16 (--dtype bfloat16; the adapter float32)
   bf16wa    both: bfloat16 weights (no casts while sampling) and autocast (the adapter's products too)
@@ -58,6 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = {
     "plain": ["--pack-width", "0"],
     "tree": [],
+    "tree-whole": ["--no-shared-prefix"],
     "bf16": ["--autocast", "bf16"],
     "bf16w": ["--dtype", "bfloat16"],
     "bf16wa": ["--dtype", "bfloat16", "--autocast", "bf16"],
