@@ -56,41 +56,20 @@ from pathlib import Path
 from dphil.io.console_scripts import locate
 
 ROOT = Path(__file__).resolve().parent.parent
+BF16WA = ["--dtype", "bfloat16", "--autocast", "bf16"]
+BF16WA_NOCKPT = [*BF16WA, "--no-gradient-checkpointing"]
 VARIANTS = {
     "plain": ["--pack-width", "0"],
     "tree": [],
     "tree-whole": ["--no-shared-prefix"],
     "bf16": ["--autocast", "bf16"],
     "bf16w": ["--dtype", "bfloat16"],
-    "bf16wa": ["--dtype", "bfloat16", "--autocast", "bf16"],
-    "bf16wa-whole": ["--dtype", "bfloat16", "--autocast", "bf16", "--no-shared-prefix"],
-    "bf16wa-nockpt": ["--dtype", "bfloat16", "--autocast", "bf16", "--no-gradient-checkpointing"],
-    "bf16wa-nockpt-w4096": [
-        "--dtype",
-        "bfloat16",
-        "--autocast",
-        "bf16",
-        "--no-gradient-checkpointing",
-        "--pack-width",
-        "4096",
-    ],
-    "bf16wa-nockpt-whole": [
-        "--dtype",
-        "bfloat16",
-        "--autocast",
-        "bf16",
-        "--no-gradient-checkpointing",
-        "--no-shared-prefix",
-    ],
-    "bf16wa-nockpt-w1024": [
-        "--dtype",
-        "bfloat16",
-        "--autocast",
-        "bf16",
-        "--no-gradient-checkpointing",
-        "--pack-width",
-        "1024",
-    ],
+    "bf16wa": BF16WA,
+    "bf16wa-whole": [*BF16WA, "--no-shared-prefix"],
+    "bf16wa-nockpt": BF16WA_NOCKPT,
+    "bf16wa-nockpt-w4096": [*BF16WA_NOCKPT, "--pack-width", "4096"],
+    "bf16wa-nockpt-whole": [*BF16WA_NOCKPT, "--no-shared-prefix"],
+    "bf16wa-nockpt-w1024": [*BF16WA_NOCKPT, "--pack-width", "1024"],
     "nockpt": ["--pack-width", "1024", "--no-gradient-checkpointing"],
 }
 

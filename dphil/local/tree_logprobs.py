@@ -97,8 +97,9 @@ class TreeScorer:
         The trainer calls it once per row, in order. The stem's gradient is the sum of what
         the family's rows left on its leaves.
         """
-        family = self._family_of.get(self._index(row))
-        if self._stem is not None and family is self._stem[0] and self._index(row) == family.rows[-1]:
+        i = self._index(row)
+        family = self._family_of.get(i)
+        if self._stem is not None and family is self._stem[0] and i == family.rows[-1]:
             self._stem[1].backward(self.lm.torch)
             self._stem = None
 

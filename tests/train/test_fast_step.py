@@ -20,6 +20,9 @@ from dphil.core.records import EpisodeConfig  # noqa: E402
 from dphil.train.peft_backend import PeftBackend, PeftSettings, Sample  # noqa: E402
 
 CONFIGS = [EpisodeConfig(model="hf:tiny", n=3, rounds=3, seed=s) for s in (0, 1)]
+# Rows of 256 positions without checkpointing: each seat's stem is computed once for the several
+# rows its conversations span.
+SHARED = {"pack_width": 256, "gradient_checkpointing": False}
 
 
 def backend(tiny, prompt_file, **kw) -> PeftBackend:
@@ -49,9 +52,7 @@ def record_gradients(b: PeftBackend) -> list:
 def steps(tiny, prompt_file):
     """name -> (gradients, episodes, stats) of one step on its own rollout, name_backend -> the backend."""
     out = {}
-    # "shared": rows of 256 positions without checkpointing, so each seat's stem is computed
-    # once for the several rows its conversations span.
-    variants = {"plain": {"pack_width": 0}, "tree": {}, "shared": {"pack_width": 256, "gradient_checkpointing": False}}
+    variants = {"plain": {"pack_width": 0}, "tree": {}, "shared": SHARED}
     for name, kw in variants.items():
         b = backend(tiny, prompt_file, **kw)
         played = b.rollout(CONFIGS, seed=3)
@@ -95,7 +96,7 @@ def test_a_stem_computed_once_gives_the_same_update(steps):
     assert_gradients_close(shared_grads, plain_grads)
     # The same rows computed whole would hold each seat's stem once per row.
     b = steps["shared_backend"]
-    whole = TreeScorer.of_decisions(b.lm, [d for p in played for d in p.decisions], max_width=256)
+    whole = TreeScorer.of_decisions(b.lm, [d for p in played for d in p.decisions], max_width=SHARED["pack_width"])
     assert len(whole.rows) > 2 and ss["positions"] < whole.tokens
     assert b.arithmetic()["shared_prefix"] is True
 
@@ -137,10 +138,7 @@ def test_a_stem_computed_once_keeps_the_kl_term(tiny, prompt_file, steps):
     trained = [p.detach().clone() for p in steps["plain_backend"].lm.model.parameters() if p.requires_grad]
     _, played, _ = steps["plain"]
     got = {}
-    for name, kw in {
-        "plain": {"pack_width": 0},
-        "shared": {"pack_width": 256, "gradient_checkpointing": False},
-    }.items():
+    for name, kw in {"plain": {"pack_width": 0}, "shared": SHARED}.items():
         b = backend(tiny, prompt_file, kl_coef=0.5, **kw)
         # A trained adapter (the plain step's), so the policy and the reference differ.
         for p, w in zip((p for p in b.lm.model.parameters() if p.requires_grad), trained, strict=True):
@@ -178,6 +176,9 @@ def test_under_autocast_skipping_peft_input_casts_changes_no_value(tiny, prompt_
             else patch.object(peft.helpers, "disable_input_dtype_casting", lambda model: contextlib.nullcontext())
         )
         with keep:
+            with b._autocast():  # every LoRA layer's cast off, unless patched back on
+                flags = {m.cast_input_dtype_enabled for m in b.lm.model.modules() if hasattr(m, "lora_A")}
+            assert flags == {name == "cast"}
             played = b.rollout(CONFIGS, seed=3)
             stats = b.train(samples_of(played))
         out[name] = (played, stats, grads[0])
