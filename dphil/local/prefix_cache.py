@@ -4,8 +4,8 @@ With `--memory full` a philosopher's prompt in round r + 1 is its round-r prompt
 and one observation. Without a cache every round computes the whole conversation again (the
 prefix tree shares only what the philosophers have in common). Here the decoder's key/value
 cache of every prompt is kept; a later prompt that extends a kept one computes only the tokens
-after it, then its K candidate replies as branches (a mask lets each candidate token see the
-conversation and its own earlier tokens, at positions continuing the prompt's), and the cache
+after it, then its K candidate replies as one trie (`candidate_terms`: a mask lets each node see
+the conversation and its ancestors, at positions continuing the prompt's), and the cache
 is cut back to the prompt for the next round. The values are those of a forward pass over the
 whole prompt (the same keys at the same positions). Equal prompts (a group's episodes play
 the same scenario, so their first prompts are) are scored once, a prompt kept whole is reused
@@ -25,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from dphil.local.candidate_terms import CandidateTrie, term_logprobs
 from dphil.local.packing import layer_masks
 
 if TYPE_CHECKING:
@@ -92,31 +93,32 @@ class PrefixCache:
         """Each prompt's K candidate scores (unnormalised), its new tokens computed in one batch.
 
         Row d holds its kept keys and values right-aligned in the first P columns, then its new
-        tokens, the candidates and padding. Query i of row d may see its own kept columns, its
-        new tokens up to itself (a candidate: all of them), and within the candidates only its
-        own earlier tokens and itself; a padding query sees itself only.
+        tokens, the candidates' trie and padding. Query i of row d may see its own kept columns,
+        its new tokens up to itself (a trie node: all of them), and within the trie only its
+        ancestors and itself; a padding query sees itself only. The scores leave out the terms
+        every candidate holds (their softmax is the same).
         """
         from transformers import DynamicCache
 
         lm = self.lm
         torch = lm.torch
         decoder, lm_head, _ = lm._parts()
-        tail = [t for c in cands for t in c]
-        seg_t = torch.tensor([j for j, c in enumerate(cands) for _ in c])
-        off_t = torch.tensor([t for c in cands for t in range(len(c))])
+        trie = CandidateTrie.of(cands)
+        tail = list(trie.tokens)
+        depth_t = torch.tensor(trie.depth, dtype=torch.long)
         m, d = len(tail), len(prompts)
+        cand_block = torch.tensor([[trie.sees(i, j) for j in range(m)] for i in range(m)], dtype=torch.bool)
         pasts = [past for past, _ in starts]
         news = [p[past:] for p, past in zip(prompts, pasts, strict=True)]
         big_p, big_q = max(pasts), max(len(n) for n in news) + m
         ids = torch.full((d, big_q), lm.tokenizer.pad_token_id or 0, dtype=torch.long)
         pos = torch.zeros((d, big_q), dtype=torch.long)
         allowed = torch.zeros((d, big_q, big_p + big_q), dtype=torch.bool)
-        cand_block = (seg_t[:, None] == seg_t[None, :]) & (off_t[None, :] <= off_t[:, None])
         for r, (new, past) in enumerate(zip(news, pasts, strict=True)):
             n = len(new)
             ids[r, : n + m] = torch.tensor(new + tail)
             pos[r, :n] = torch.arange(past, past + n)
-            pos[r, n : n + m] = past + n + off_t
+            pos[r, n : n + m] = past + n + depth_t
             allowed[r, : n + m, big_p - past : big_p] = True
             allowed[r, :n, big_p : big_p + n] = torch.ones((n, n), dtype=torch.bool).tril()
             allowed[r, n : n + m, big_p : big_p + n] = True
@@ -134,7 +136,9 @@ class PrefixCache:
             use_cache=True,
         )
         hidden, cache = out.last_hidden_state, out.past_key_values
-        columns = []
+        predictors: list[int] = []
+        targets: list[int] = []
+        owners: list[int] = []
         for r, (prompt, new, past) in enumerate(zip(prompts, news, pasts, strict=True)):
             n = len(new)
             # The kept columns and the new ones are adjacent: the prompt's cache, copied out of the batch.
@@ -143,15 +147,16 @@ class PrefixCache:
             self._keep(tuple(prompt), state)
             self.reused += past
             self.computed += n + m
-            # Each candidate's first token from the prompt's last position, its later ones from
-            # the position before them inside the candidate.
-            columns.append(torch.where(off_t == 0, n - 1, n + torch.arange(m) - 1))
-        picked = torch.stack([hidden[r, c] for r, c in enumerate(columns)])  # [D, m, H]
-        targets = torch.tensor(tail, device=hidden.device).repeat(d).unsqueeze(-1)
-        flat = lm._head_logprobs(picked.reshape(d * m, -1), targets, temperature).view(d, m)
-        scores = torch.zeros((d, len(cands)), dtype=flat.dtype, device=flat.device)
-        scores = scores.index_add(1, seg_t.to(flat.device), flat)
-        return list(scores)
+            # A candidate's first token is predicted by the prompt's last position, a later one by its parent node.
+            for k, terms in enumerate(trie.terms):
+                for node, tok in terms:
+                    predictors.append(r * big_q + (n - 1 if node < 0 else n + node))
+                    targets.append(tok)
+                    owners.append(r * len(cands) + k)
+        flat = term_logprobs(lm, hidden.reshape(d * big_q, -1), predictors, targets, temperature)
+        scores = torch.zeros((d * len(cands),), dtype=flat.dtype, device=flat.device)
+        scores = scores.index_add(0, torch.tensor(owners, dtype=torch.long, device=flat.device), flat)
+        return list(scores.view(d, len(cands)))
 
     def _keep(self, ids: tuple[int, ...], cache: Any) -> None:
         self.entries[ids] = cache

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from dphil.local.candidate_terms import distinct_terms, term_logprobs
 from dphil.local.prefix_tree import TreeRow, plan_rows, row_tensors
 from dphil.local.shared_prefix import Family, StemPass, noting_cache, plan_families, replayable
 
@@ -140,24 +141,33 @@ class TreeScorer:
         torch = self.lm.torch
         family = self._family_of.get(self._index(row)) if torch.is_grad_enabled() else None
         hidden, at = (self._whole(row), None) if family is None else self._hidden(row, family)
-        predictors: list[int] = []
-        targets: list[int] = []
-        spans: list[tuple[int, int, int, int]] = []
+        # Each sequence's terms: (the position predicting a token, the token).
+        seqs: list[tuple[int, int, list[tuple[int, int]]]] = []
         for s, cols in row.columns.items():
             i, k, start = self.owner[s]
             last = self.last[s]
             if last is None:  # an empty reply: nothing to score
-                spans.append((i, k, len(targets), 0))
+                seqs.append((i, k, []))
                 continue
             # Position t predicts token t + 1: the scored tokens by the columns just before
             # them, the reply's last one by the sequence's last column.
-            predictors += cols[start - 1 :] if at is None else [at[c] for c in cols[start - 1 :]]
-            targets += [*(row.tokens[c] for c in cols[start:]), last]
-            n = len(cols) - start + 1
-            spans.append((i, k, len(targets) - n, n))
-        flat = self.lm._head_logprobs(
-            hidden[predictors], torch.tensor(targets, device=hidden.device).unsqueeze(-1), temperature or 1.0
-        ).squeeze(-1)
+            preds = cols[start - 1 :] if at is None else [at[c] for c in cols[start - 1 :]]
+            seqs.append((i, k, list(zip(preds, [*(row.tokens[c] for c in cols[start:]), last], strict=True))))
+        if self.constrained:  # a term all of an item's candidates hold cancels in their softmax
+            items: dict[int, list[int]] = {}
+            for j, (i, _, _) in enumerate(seqs):
+                items.setdefault(i, []).append(j)
+            for js in items.values():
+                for j, kept in zip(js, distinct_terms([seqs[j][2] for j in js]), strict=True):
+                    seqs[j] = (seqs[j][0], seqs[j][1], kept)
+        predictors: list[int] = []
+        targets: list[int] = []
+        spans: list[tuple[int, int, int, int]] = []
+        for i, k, terms in seqs:
+            spans.append((i, k, len(targets), len(terms)))
+            predictors += [p for p, _ in terms]
+            targets += [t for _, t in terms]
+        flat = term_logprobs(self.lm, hidden, predictors, targets, temperature or 1.0)
         return flat, spans
 
     def _whole(self, row: TreeRow) -> Any:

@@ -80,8 +80,11 @@ def test_equal_prompts_are_scored_once_and_a_kept_one_up_to_its_last_token(lm):
     if not PrefixCache.supports(lm.model.config):
         pytest.skip("sliding-window layers are not cached")
     torch = lm.torch
+    from dphil.local.candidate_terms import CandidateTrie
+
     cands = lm.candidate_ids(ACTIONS)
-    m = sum(len(c) for c in cands)
+    m = len(CandidateTrie.of(cands).tokens)  # the candidates as a trie, their last tokens only targets
+    assert m < sum(len(c) for c in cands) - len(cands)
     prompt = lm.prompt_ids([{"role": "user", "content": "You are philosopher 2. Round 1."}])
     cache = PrefixCache(lm)
     got = cache.candidate_logprobs([prompt, prompt], cands, temperature=0.8)
