@@ -25,6 +25,7 @@ from typing import Any
 
 from dphil.agents.chat_templates import check_chat_template, ensure_chat_template, template_errors
 from dphil.io.errors import UsageError
+from dphil.local.causal_attention import use_on
 from dphil.local.loading import (
     eos_ids,
     import_torch_stack,
@@ -98,6 +99,7 @@ class LocalModel:
         self.prompt_cache = PrefixCache(self) if keep_prompts and PrefixCache.supports(model.config) else None
         if adapter is not None:
             model = load_adapter(model, adapter, trainable=False)
+        use_on(model, self.device)  # masks that never look ahead: the blocks after each query skipped
         self.model = model.to(self.device)
         self.model.eval()
         self._candidate_cache: dict[tuple[str, ...], list[list[int]]] = {}

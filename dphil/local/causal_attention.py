@@ -1,0 +1,94 @@
+"""Attention for masks that never look ahead: the key blocks after each query block skipped.
+
+dphil's masks (prefix-tree rows, a stem's cache before a row, a kept conversation before a
+round's new tokens, left-padded batches) let a query see only keys at or before its own place
+in the key sequence. Given such a mask, torch's CPU flash-attention kernel computes every
+query-key block anyway; told `is_causal` as well, it skips the blocks after each query block
+(about two fifths of a 2,048-position row's attention, forward and backward) and applies the
+mask inside the rest, so the result is the same to the bit. The kernel aligns `is_causal` at
+the top left, so queries that follow a cache are preceded by as many zero queries, whose
+outputs are dropped (they cost the triangle of the cache, so only where the cache is no
+longer than the queries). A mask that looks ahead anywhere, a GPU, or a lone query (decoding)
+go to transformers' own SDPA attention unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+NAME = "dphil_causal_sdpa"
+_seen: list[Any] = []  # (the last mask's identity, whether it never looks ahead): a forward's layers share it
+
+
+def register() -> str:
+    """Make NAME an attention implementation transformers knows (idempotent); returns it."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(NAME, causal_sdpa_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+    return NAME
+
+
+def causal_sdpa_forward(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    """transformers' attention signature: [B, H, Q, D] queries in, [B, Q, H, D] out."""
+    import torch
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    q_len, kv_len = query.shape[2], key.shape[2]
+    pad = kv_len - q_len
+    if (
+        query.device.type != "cpu"
+        or attention_mask is None
+        or dropout
+        or q_len < 2
+        or not 0 <= pad <= q_len
+        or kwargs.get("sliding_window") is not None
+        or not never_looks_ahead(attention_mask, pad)
+    ):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    groups = query.shape[1] // key.shape[1]
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    mask = attention_mask
+    if pad:
+        query = torch.cat([query.new_zeros((*query.shape[:2], pad, query.shape[3])), query], dim=2)
+        lead = mask.new_ones if mask.dtype == torch.bool else mask.new_zeros
+        mask = torch.cat([lead((*mask.shape[:2], pad, kv_len)), mask], dim=2)  # the zero queries see all before them
+    if mask.dtype == torch.bool:  # the kernel takes additive masks of the queries' dtype only
+        mask = query.new_zeros(mask.shape).masked_fill(~mask, torch.finfo(query.dtype).min)
+    elif mask.dtype != query.dtype:
+        mask = mask.to(query.dtype)
+    out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, True, attn_mask=mask, scale=scaling
+    )
+    return out[:, :, pad:].transpose(1, 2).contiguous(), None
+
+
+def never_looks_ahead(mask: Any, pad: int) -> bool:
+    """Whether query i sees no key after position pad + i (masked: False or the dtype's minimum)."""
+    import torch
+
+    ident = (mask.data_ptr(), tuple(mask.shape), tuple(mask.stride()), mask._version, mask.dtype, pad)
+    if _seen and _seen[0][0] == ident:
+        return _seen[0][1]
+    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    q_len, kv_len = mask.shape[-2:]
+    ahead = torch.ones((q_len, kv_len), dtype=torch.bool, device=mask.device).triu(pad + 1)
+    verdict = not bool((allowed & ahead).any())
+    _seen[:] = [(ident, verdict)]
+    return verdict
+
+
+def use_on(model: Any, device: Any) -> None:
+    """On a CPU, a model that attends through SDPA attends through `causal_sdpa_forward` instead."""
+    if getattr(device, "type", str(device)) == "cpu" and model.config._attn_implementation == "sdpa":
+        model.set_attn_implementation(register())
