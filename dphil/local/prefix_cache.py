@@ -9,9 +9,9 @@ the conversation and its ancestors, at positions continuing the prompt's), and t
 is cut back to the prompt for the next round. The values are those of a forward pass over the
 whole prompt (the same keys at the same positions). Equal prompts (a group's episodes play
 the same scenario, so their first prompts are) are scored once, a prompt kept whole is reused
-up to its last token, and a round's conversations are extended together, padded into one
-batch per call: on a CPU a decoder call costs about the same for a few dozen new positions as
-for a few hundred (docs/training.md), so thirty calls a round would cost thirty times one.
+up to its last token, and a round's conversations are extended together, in a few batches of
+prompts that bring about as many new tokens: a decoder call reads every weight once (thirty
+calls a round would read them thirty times), and a padded position costs as much as a real one.
 
 Sampling only: nothing here keeps a gradient. Kept caches hold at most `budget` positions
 (least recently used go first); `clear` drops them all, and must be called whenever the weights
@@ -56,9 +56,8 @@ class PrefixCache:
         """[D, K]: each candidate's log-probability among the K after each prompt (no gradient).
 
         Equal prompts are scored once. The others are extended together, a batch per call of
-        the decoder: a call reads every weight once whether it computes a few dozen positions
-        or a few hundred, so one call per conversation would cost the weights thirty times a
-        round. Batches group prompts by how many new tokens they bring, so padding stays small.
+        the decoder, grouped by how many new tokens they bring so that each batch pads at most
+        `CALL_POSITIONS` positions (`_batches`).
         """
         torch = self.lm.torch
         temperature = temperature or 1.0
@@ -182,17 +181,23 @@ def _padded(starts: list[tuple[int, Any]], width: int) -> Any:
     return DynamicCache(ddp_cache_data=layers)
 
 
-# Prompts in one batch bring at most this many times the fewest new tokens (plus a margin):
-# padding every row to the longest would otherwise multiply a round's work.
-SPREAD, MARGIN = 2, 32
+# A decoder call reads every weight once, which costs about as much as computing a few dozen
+# positions; a padded position costs as much as a real one. So a prompt joins the batch before
+# it only while padding every row to the longest leaves at most this many positions padding.
+CALL_POSITIONS = 32
 
 
 def _batches(prompts: list[tuple[int, ...]], new: dict[tuple[int, ...], int]) -> list[list[tuple[int, ...]]]:
-    """Prompts grouped by their count of new tokens, fewest first."""
+    """Prompts grouped by their count of new tokens, fewest first, each batch's padding bounded."""
     out: list[list[tuple[int, ...]]] = []
     for ids in sorted(prompts, key=new.__getitem__):
-        if out and new[ids] <= SPREAD * new[out[-1][0]] + MARGIN:
-            out[-1].append(ids)
+        batch = out[-1] if out else None
+        # Sorted, so `ids` is the batch's longest: every row is padded to it.
+        if (
+            batch is not None
+            and (len(batch) + 1) * new[ids] - sum(map(new.__getitem__, batch)) - new[ids] <= CALL_POSITIONS
+        ):
+            batch.append(ids)
         else:
             out.append([ids])
     return out

@@ -110,5 +110,7 @@ def test_equal_prompts_are_scored_once_and_a_kept_one_up_to_its_last_token(lm):
 def test_a_round_is_batched_by_new_tokens_with_little_padding():
     from dphil.local.prefix_cache import _batches
 
-    new = {(1,): 1, (2,): 30, (3,): 40, (4,): 112, (5,): 500}  # 112 = 2 x 40 + 32
-    assert _batches(list(new), new) == [[(1,), (2,)], [(3,), (4,)], [(5,)]]
+    # 1 and 30 pad 29 positions (within CALL_POSITIONS = 32); 40 would pad 2 x 40 - 31 = 49 more;
+    # equal counts pad nothing, however many.
+    new = {(1,): 1, (2,): 30, (3,): 40, (4,): 112, (5,): 500, (6,): 40, (7,): 40, (8,): 41, (9,): 60}
+    assert _batches(list(new), new) == [[(1,), (2,)], [(3,), (6,), (7,), (8,)], [(9,)], [(4,)], [(5,)]]
