@@ -114,3 +114,21 @@ def test_a_round_is_batched_by_new_tokens_with_little_padding():
     # equal counts pad nothing, however many.
     new = {(1,): 1, (2,): 30, (3,): 40, (4,): 112, (5,): 500, (6,): 40, (7,): 40, (8,): 41, (9,): 60}
     assert _batches(list(new), new) == [[(1,), (2,)], [(3,), (6,), (7,), (8,)], [(9,)], [(4,)], [(5,)]]
+
+
+def test_a_call_costs_more_positions_with_amx_tiles():
+    """AMX repacks every weight per call: batches may pad more before another call is cheaper."""
+    from types import SimpleNamespace
+
+    from dphil.local.prefix_cache import AMX_CALL_POSITIONS, CALL_POSITIONS, _batches, call_positions
+
+    amx = SimpleNamespace(cpu=SimpleNamespace(_is_amx_tile_supported=lambda: True))
+    plain = SimpleNamespace(cpu=SimpleNamespace(_is_amx_tile_supported=lambda: False))
+    assert (call_positions(amx), call_positions(plain), call_positions(SimpleNamespace())) == (
+        AMX_CALL_POSITIONS,
+        CALL_POSITIONS,
+        CALL_POSITIONS,
+    )
+    new = {(1,): 80, (2,): 120, (3,): 125}  # 120 would pad 40 after 80; 125 pads 5 after 120
+    assert _batches(list(new), new, padding=CALL_POSITIONS) == [[(1,)], [(2,), (3,)]]
+    assert _batches(list(new), new, padding=AMX_CALL_POSITIONS) == [[(1,), (2,), (3,)]]
