@@ -56,6 +56,11 @@ def causal_sdpa_forward(
         or not never_looks_ahead(attention_mask, pad)
     ):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if torch.is_autocast_enabled("cpu"):  # as SDPA runs under autocast: in its lower precision
+        dtype = torch.get_autocast_dtype("cpu")
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+    elif not query.dtype == key.dtype == value.dtype:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     groups = query.shape[1] // key.shape[1]
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     mask = attention_mask

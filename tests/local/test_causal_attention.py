@@ -90,3 +90,17 @@ def test_a_tree_rows_log_probabilities_and_gradients_as_under_sdpa(lm, monkeypat
     assert verdicts and all(verdicts)  # the rows' masks went to the kernel told they never look ahead
     assert torch.allclose(got[0], want[0], atol=1e-5, rtol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(got[1], want[1], strict=True))
+
+
+def test_under_autocast_as_sdpa_runs_there():
+    """float32 queries and bfloat16 keys (rotary embeddings in float32 under autocast): SDPA's lower precision."""
+    mask, _ = masked(50, 20, seed=4)
+    module = SimpleNamespace(num_key_value_groups=2, is_causal=True, training=False)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn((1, 4, 50, 16), generator=g)
+    k, v = (torch.randn((1, 2, 70, 16), generator=g).bfloat16() for _ in range(2))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, _ = causal_sdpa_forward(module, q, k, v, mask, scaling=0.25)
+        want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)
+    assert got.dtype == want.dtype == torch.bfloat16
+    assert torch.allclose(got.float(), want.float(), atol=2e-2)
