@@ -17,7 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 NAME = "dphil_causal_sdpa"
-_seen: list[Any] = []  # (the last mask's identity, whether it never looks ahead): a forward's layers share it
+# (the last mask, its version, the cache's length, whether it never looks ahead): a forward pass's
+# layers share one mask object. The mask itself is held, so no other tensor can take its place at
+# the same address meanwhile.
+_seen: list[Any] = []
 
 
 def register() -> str:
@@ -82,14 +85,13 @@ def never_looks_ahead(mask: Any, pad: int) -> bool:
     """Whether query i sees no key after position pad + i (masked: False or the dtype's minimum)."""
     import torch
 
-    ident = (mask.data_ptr(), tuple(mask.shape), tuple(mask.stride()), mask._version, mask.dtype, pad)
-    if _seen and _seen[0][0] == ident:
-        return _seen[0][1]
+    if _seen and _seen[0][0] is mask and _seen[0][1:3] == (mask._version, pad):
+        return _seen[0][3]
     allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
     q_len, kv_len = mask.shape[-2:]
     ahead = torch.ones((q_len, kv_len), dtype=torch.bool, device=mask.device).triu(pad + 1)
     verdict = not bool((allowed & ahead).any())
-    _seen[:] = [(ident, verdict)]
+    _seen[:] = [(mask, mask._version, pad, verdict)]
     return verdict
 
 

@@ -184,7 +184,7 @@ def _padded(starts: list[tuple[int, Any]], width: int) -> Any:
 
 
 # A decoder call reads every weight once, which costs about as much as computing a few dozen
-# positions (Qwen2.5-0.5B in bfloat16 on two AVX-512 cores: 70 ms and 2.9 ms a position); a padded
+# positions (Qwen2.5-0.5B in bfloat16 on two AVX-512 cores: about 80 ms, then 2.7 ms a position); a padded
 # position costs as much as a real one. So a prompt joins the batch before it only while padding
 # every row to the longest leaves at most this many positions padding. With AMX tiles a call also
 # repacks every weight (a product over 256 rows took what one over 64 did): a few hundred.

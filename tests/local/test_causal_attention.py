@@ -59,6 +59,15 @@ def test_a_mask_that_looks_ahead_goes_to_sdpa_unchanged():
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
+def test_a_verdict_is_kept_for_its_own_mask_only():
+    """Layers share a mask's verdict; another mask of the same shape, or an edited one, gets its own."""
+    mask, _ = masked(40, 0, seed=6)
+    assert never_looks_ahead(mask, 0) and never_looks_ahead(mask, 0)
+    assert not never_looks_ahead(masked(40, 0, seed=6, ahead=True)[0], 0)
+    mask[..., 0, 39] = 0.0  # the first query now sees the last key
+    assert not never_looks_ahead(mask, 0)
+
+
 def test_a_tree_rows_log_probabilities_and_gradients_as_under_sdpa(lm, monkeypatch):
     """The local model attends through it on a CPU; prefix-tree rows score as they do under SDPA."""
     from dphil.local.tree_logprobs import TreeScorer
