@@ -85,7 +85,9 @@ def distinct_terms(terms: Sequence[Sequence[Term]]) -> list[list[Term]]:
     return [[t for t in cand if t not in everyone] for cand in terms]
 
 
-def term_logprobs(lm: LocalModel, hidden: Any, predictors: Sequence[int], targets: Sequence[int], temperature: float):
+def term_logprobs(
+    lm: LocalModel, hidden: Any, predictors: Sequence[int], targets: Sequence[int], temperature: float
+) -> Any:
     """[P]: log-probability of `targets[p]` at `hidden[predictors[p]]`, each position's vocabulary once.
 
     Pairs that repeat are computed once, and a position predicting several targets passes

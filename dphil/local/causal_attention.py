@@ -5,11 +5,11 @@ round's new tokens, left-padded batches) let a query see only keys at or before 
 in the key sequence. Given such a mask, torch's CPU flash-attention kernel computes every
 query-key block anyway; told `is_causal` as well, it skips the blocks after each query block
 (about two fifths of a 2,048-position row's attention, forward and backward) and applies the
-mask inside the rest, so the result is the same to the bit. The kernel aligns `is_causal` at
-the top left, so queries that follow a cache are preceded by as many zero queries, whose
-outputs are dropped (they cost the triangle of the cache, so only where the cache is no
-longer than the queries). A mask that looks ahead anywhere, a GPU, or a lone query (decoding)
-go to transformers' own SDPA attention unchanged.
+mask inside the rest: the output is the same to the bit. The kernel aligns `is_causal` at the
+top left, so queries that follow a cache are preceded by as many zero queries, whose outputs
+are dropped (they cost the triangle of the cache, so only where the cache is no longer than
+the queries; the keys' gradients then sum in another order). A mask that looks ahead
+anywhere, a GPU, or a lone query (decoding) go to transformers' own SDPA attention unchanged.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ class LocalModel:
         self.prompt_cache = PrefixCache(self) if keep_prompts and PrefixCache.supports(model.config) else None
         if adapter is not None:
             model = load_adapter(model, adapter, trainable=False)
-        use_on(model, self.device)  # masks that never look ahead: the blocks after each query skipped
+        use_on(model, self.device)  # attention told that dphil's masks never look ahead
         self.model = model.to(self.device)
         self.model.eval()
         self._candidate_cache: dict[tuple[str, ...], list[list[int]]] = {}
