@@ -18,6 +18,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from dphil.local.prefix_tree import TokenTrie
+
 if TYPE_CHECKING:
     from dphil.local.model import LocalModel
 
@@ -41,27 +43,14 @@ class CandidateTrie:
     @classmethod
     def of(cls, cands: Sequence[Sequence[int]]) -> CandidateTrie:
         """The trie of `cands`; each candidate's last token is only a target, never a node."""
-        tokens: list[int] = []
-        parent: list[int] = []
-        depth: list[int] = []
-        child: dict[tuple[int, int], int] = {}
-        terms: list[list[tuple[int, int]]] = []
+        trie = TokenTrie()
+        terms = []
         for cand in cands:
-            at, mine = -1, []
-            for j, tok in enumerate(cand):
-                mine.append((at, tok))
-                if j == len(cand) - 1:
-                    break
-                node = child.get((at, tok))
-                if node is None:
-                    node = child[(at, tok)] = len(tokens)
-                    tokens.append(tok)
-                    parent.append(at)
-                    depth.append(0 if at < 0 else depth[at] + 1)
-                at = node
-            terms.append(mine)
+            path = trie.insert(cand[:-1])
+            # Token j is predicted by node j - 1 (the prompt's last position for the first).
+            terms.append(list(zip([-1, *path], cand, strict=True)) if cand else [])
         kept = distinct_terms(terms)
-        return cls(tuple(tokens), tuple(parent), tuple(depth), tuple(tuple(t) for t in kept))
+        return cls(tuple(trie.token), tuple(trie.parent), tuple(trie.depth), tuple(tuple(t) for t in kept))
 
     def sees(self, i: int, j: int) -> bool:
         """Whether node i attends to node j: j is i or one of its ancestors."""

@@ -207,10 +207,9 @@ def _batches(
     """Prompts grouped by their count of new tokens, fewest first, each batch padding at most `padding`."""
     out: list[list[tuple[int, ...]]] = []
     for ids in sorted(prompts, key=new.__getitem__):
-        batch = out[-1] if out else None
-        # Sorted, so `ids` is the batch's longest: every row is padded to it.
-        if batch is not None and (len(batch) + 1) * new[ids] - sum(map(new.__getitem__, batch)) - new[ids] <= padding:
-            batch.append(ids)
+        # Sorted, so `ids` is the batch's longest: every row before it is padded to it.
+        if out and len(out[-1]) * new[ids] - sum(new[b] for b in out[-1]) <= padding:
+            out[-1].append(ids)
         else:
             out.append([ids])
     return out

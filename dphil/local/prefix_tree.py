@@ -43,7 +43,7 @@ class TreeRow:
         return len(self.tokens)
 
 
-class _Trie:
+class TokenTrie:
     """Token trie: node ids in insertion order, each with its token, parent and depth."""
 
     def __init__(self) -> None:
@@ -93,7 +93,7 @@ def plan_rows(sequences: Sequence[Sequence[int]], groups: Sequence[int], *, max_
         raise ValueError("one group per sequence")
     if any(not s for s in sequences):
         raise ValueError("every sequence needs at least one token")
-    trie = _Trie()
+    trie = TokenTrie()
     paths = [trie.insert(s) for s in sequences]
     rank = trie.preorder()
     members: dict[int, list[int]] = {}
@@ -116,7 +116,7 @@ def plan_rows(sequences: Sequence[Sequence[int]], groups: Sequence[int], *, max_
     return rows
 
 
-def _row(trie: _Trie, rank: list[int], nodes: set[int], held: list[int], members, paths) -> TreeRow:
+def _row(trie: TokenTrie, rank: list[int], nodes: set[int], held: list[int], members, paths) -> TreeRow:
     ordered = sorted(nodes, key=rank.__getitem__)
     column = {n: c for c, n in enumerate(ordered)}
     row = TreeRow(
