@@ -32,6 +32,7 @@ import orjson
 
 from dphil.io.atomic import discard, is_disk_full, is_special, make_parents, publish, temp_beside
 from dphil.io.errors import DataError, NoInputError, OutputError
+from dphil.io.held_signals import HeldSignals
 
 MAX_LINE = 64 * 1024 * 1024
 FLUSH_SECONDS = 0.1
@@ -297,21 +298,16 @@ class RecordWriter:
                 self._buffer.write(data)
                 self._buffer.flush()
                 return
-            try:
-                while view:
-                    written = os.write(self._fd, view)
-                    view = view[written:]
-            except BaseException as stop:
-                if isinstance(stop, Exception):
-                    raise
-                # Ctrl-C or SIGTERM while a full pipe held a write part-done: finish the line
-                # it was in (a second signal still stops this), so no reader sees half a line.
-                done = len(data) - len(view)
-                torn = done and data[done - 1] != 0x0A
-                tail = view[: data.find(b"\n", done) + 1 - done] if torn else view[:0]
-                while tail:
-                    tail = tail[os.write(self._fd, tail) :]
-                raise
+            # Ctrl-C or SIGTERM while a full pipe holds a write part-done: finish the line it is
+            # in, then stop (a second signal stops at once), so no reader sees half a line.
+            done, end = 0, len(data)
+            with HeldSignals() as held:
+                while done < end:
+                    if held.pending is not None:
+                        if done == 0 or data[done - 1] == 0x0A:
+                            break
+                        end = data.index(b"\n", done) + 1
+                    done += os.write(self._fd, view[done:end])
         except BrokenPipeError:
             self.broken_pipe = True
             raise
