@@ -26,6 +26,7 @@ from typing import Any
 from dphil.agents.chat_templates import check_chat_template, ensure_chat_template, template_errors
 from dphil.io.errors import UsageError
 from dphil.local.causal_attention import use_on
+from dphil.local.fused_lora import fuse_lora
 from dphil.local.loading import (
     eos_ids,
     import_torch_stack,
@@ -99,6 +100,7 @@ class LocalModel:
         self.prompt_cache = PrefixCache(self) if keep_prompts and PrefixCache.supports(model.config) else None
         if adapter is not None:
             model = load_adapter(model, adapter, trainable=False)
+            fuse_lora(model)  # the update summed inside one matrix product
         use_on(model, self.device)  # attention told that dphil's masks never look ahead
         self.model = model.to(self.device)
         self.model.eval()

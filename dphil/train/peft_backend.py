@@ -22,6 +22,7 @@ from dphil.agents.prompts import Prompt
 from dphil.core.records import EpisodeConfig
 from dphil.io.atomic import disk_full_error, is_disk_full
 from dphil.io.errors import MissingExtraError, OutputError
+from dphil.local.fused_lora import fuse_lora
 from dphil.local.loading import load_adapter
 from dphil.local.model import LORA_TARGETS, Decision, LocalModel
 from dphil.local.play import Played, play_episodes
@@ -117,6 +118,7 @@ class PeftBackend:
             # same command start from different adapters.
             torch.manual_seed(settings.init_seed)
             self.lm.model = peft.get_peft_model(self.lm.model, config)
+        fuse_lora(self.lm.model)  # the update summed inside one matrix product (dphil.local.fused_lora)
         if settings.gradient_checkpointing:
             # Non-reentrant: the LoRA weights get their gradients without inputs that require them.
             self.lm.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
