@@ -24,7 +24,13 @@ journal), every rollout is a `-o FILE --resume` journal, every selection,
 score and choice is written atomically and skipped when present. Stopped and
 restarted, the same command carries on. Work files go to bench/out/recipes
 (not committed); tables, plots and summary.json to bench/results/recipes (a
-smoke run keeps them in its work directory).
+smoke run keeps them in its work directory). What a later part needs of the
+work files, except adapters (the runs' journals and settings, the selections,
+the test episodes, the credit-mode choice, the parts' times), is kept gzipped in
+RESULTS/work/ after every phase and committed with the results; a fresh work
+directory (another machine) is filled from it, so a later part adds seeds
+without training the earlier ones again (unless it must play an earlier run's
+adapter it lacks, which it names).
 
     nice -n 5 python bench/recipes.py                   # full size (see --help for the sizes)
     python bench/recipes.py --smoke                     # end to end in a few minutes (CI)
@@ -56,7 +62,7 @@ from jobs import ROOT, check, read_jsonl, rel, run_jobs, tool
 from recipes_commands import Commands
 from recipes_plan import ABLATIONS, SIZES, arms, expand, recipes, test_file
 from recipes_report import curve, digest, plot_curves
-from recipes_work import atomic_write, journal
+from recipes_work import archive, atomic_write, journal, restore
 
 
 class Experiment:
@@ -77,6 +83,10 @@ class Experiment:
         for d in (self.work, self.out, self.logs):
             d.mkdir(parents=True, exist_ok=True)
         self.commands = Commands(args, self.size, self.work)
+        # Committed beside the results: what a later part (on another machine) resumes from.
+        self.kept = self.out / "work"
+        if restored := restore(self.kept, self.work):
+            say(f"{len(restored)} work file(s) restored from {rel(self.kept)} (adapters are not kept)")
 
     # -- the experiment --------------------------------------------------------------------------
     def run(self) -> None:
@@ -86,6 +96,7 @@ class Experiment:
         finally:  # a stopped invocation's time counts too (the report logs a finished one's)
             if not self.logged:
                 self.log_part(time.monotonic() - t0, stopped=True)
+            archive(self.work, self.kept)
 
     def log_part(self, seconds: float, *, stopped: bool = False) -> None:
         """One whole line a invocation in parts.jsonl: the experiment's time is their sum."""
@@ -116,6 +127,7 @@ class Experiment:
             jobs.append(j)
         say(f"phase 1: {len(jobs)} job(s)")
         run_jobs(jobs, width, self.logs)
+        archive(self.work, self.kept)
         # The better credit assignment, on validation only (never the test seeds).
         best = self.choose()
         full = recipes(self.size["steps"], best, self.ablations)
@@ -128,6 +140,7 @@ class Experiment:
         ]
         say(f"phase 2 (advantage chosen on validation: {best}): {len(jobs)} job(s)")
         run_jobs(jobs, width, self.logs)
+        archive(self.work, self.kept)
         self.check_seeds(full)
         # Phase 3: selections and the test rollouts of every arm.
         jobs = []
@@ -137,6 +150,7 @@ class Experiment:
             path = self.work / test_file(arm, best)  # names the mode where the arm plays it
             source = [x for sel in sels for x in ("--checkpoints", rel(sel))]
             if j := self.commands.test_job(arm, source, path):
+                self.check_adapters(recipe, sels)
                 jobs.append(j)
             arm_files[arm] = path
         say(f"phase 3: {len(jobs)} test rollout(s)")
@@ -187,6 +201,21 @@ class Experiment:
         if old and old["advantage"] != best:
             say(f"the credit mode changes from {old['advantage']} to {best} over seeds {seeds}: {scores}")
         return best
+
+    def check_adapters(self, recipe: str, sels: list[Path]) -> None:
+        """Test rollouts still to play need the selected adapters, which only the machine that
+        trained them has (the committed work files keep journals, not weights): say which run
+        to train again rather than let every rollout fail."""
+        for seed, sel in zip(self.seeds, sels, strict=True):
+            rec = read_jsonl(sel)[0]
+            run_dir = self.work / f"run-{recipe}-s{seed}"
+            adapter = run_dir / rec["path_in_run"] if "path_in_run" in rec else Path(rec["path"])
+            if not adapter.is_dir():
+                sys.exit(
+                    f"{rel(adapter)}: the adapter {recipe} seed {seed} selected is not here (its journal was "
+                    f"restored from {rel(self.kept)} without weights); to play its test episodes, train the run "
+                    f"again: remove {rel(run_dir)} and {rel(sel)} and rerun"
+                )
 
     def check_seeds(self, full: dict) -> None:
         val, test = set(expand(self.size["val_seeds"])), set(expand(self.size["test_seeds"]))

@@ -89,3 +89,19 @@ def test_the_recipe_experiment_runs_end_to_end_and_resumes(tmp_path):
     assert (choice["advantage"], choice["seeds"], choice["earlier"]) == (best, [0], [stale])
     assert [(p["seeds"], p["stopped"]) for p in resumed["parts"]] == [([0], False), ([1], True), ([0], False)]
     assert resumed["seconds_total"] == sum(p["seconds"] for p in resumed["parts"])
+    # What a later part needs is kept beside the results (committed, unlike the work directory);
+    # a fresh work directory (another machine) is filled from it and nothing runs again.
+    kept = out / "work"
+    assert (kept / "choice.json.gz").is_file() and (kept / "run-study-s0" / "checkpoints.jsonl.gz").is_file()
+    assert (kept / f"test-dphil-{best}.jsonl.gz").is_file() and (kept / "parts.jsonl.gz").is_file()
+    assert not list(kept.rglob("test-all.*")) and not list(kept.rglob("*.safetensors"))
+    fresh = tmp_path / "fresh"
+    moved = smoke(fresh, out)
+    assert moved.returncode == 0, moved.stderr[-4000:]
+    assert "work file(s) restored" in moved.stderr
+    assert "phase 1: 0 job(s)" in moved.stderr and "phase 3: 0 test rollout(s)" in moved.stderr
+    assert json.loads((out / "summary.json").read_text())["shaped"]["cells"] == resumed["shaped"]["cells"]
+    # Test episodes still to play on a run whose adapter stayed behind: named, never a failed rollout each.
+    (fresh / "test-study.jsonl").unlink()
+    lost = smoke(fresh, out)
+    assert lost.returncode != 0 and "is not here" in lost.stderr and "run-study-s0" in lost.stderr
