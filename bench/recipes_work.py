@@ -66,9 +66,7 @@ def archive(work: Path, dest: Path) -> int:
             if target.exists() and gzip.decompress(target.read_bytes()) == data:
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.tmp")
-            tmp.write_bytes(gzip.compress(data, mtime=0))  # mtime 0: the same bytes for the same data
-            os.replace(tmp, target)
+            atomic_write_bytes(target, gzip.compress(data, mtime=0))  # mtime 0: same data, same bytes
             changed += 1
     return changed
 

@@ -6,6 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(params=["qwen3", "gemma3"])
@@ -18,7 +19,7 @@ def pair(request, tmp_path):
     path = build_tiny_model(tmp_path / "m", architecture=request.param, layers=2)
     models = []
     for _ in range(2):
-        base = __import__("transformers").AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
+        base = transformers.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
         torch.manual_seed(3)
         config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=list(LORA_TARGETS), init_lora_weights=False)
         models.append(peft.get_peft_model(base, config))
