@@ -19,12 +19,14 @@ it sampled). torch and transformers are imported when a model is loaded
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from dphil.agents.chat_templates import check_chat_template, ensure_chat_template, template_errors
 from dphil.io.errors import UsageError
+from dphil.local import last_layer
 from dphil.local.causal_attention import use_on
 from dphil.local.fused_lora import fuse_lora
 from dphil.local.loading import (
@@ -340,10 +342,22 @@ class LocalModel:
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         return base.get_decoder(), base.get_output_embeddings(), getattr(base.config, "final_logit_softcapping", None)
 
-    def _hidden(self, **kwargs: Any) -> tuple[Any, Any]:
-        """The decoder's last hidden states (after its final norm) and its cache: no logits yet."""
-        out = self._parts()[0](**kwargs)
-        return out.last_hidden_state, getattr(out, "past_key_values", None)
+    def _hidden(self, keep: Any = None, **kwargs: Any) -> tuple[Any, Any]:
+        """The decoder's last hidden states (after its final norm) and its cache: no logits yet.
+
+        With `keep` ([B, K] positions) only those positions' states, [B, K, H]: where the model
+        allows it, its last layer computes nothing else (`last_layer`).
+        """
+        decoder = self._parts()[0]
+        if keep is None:
+            out = decoder(**kwargs)
+            return out.last_hidden_state, getattr(out, "past_key_values", None)
+        with last_layer.only_at(decoder, keep) if keep.shape[1] else contextlib.nullcontext(False) as pruned:
+            out = decoder(**kwargs)
+        hidden = out.last_hidden_state
+        if not pruned:
+            hidden = hidden.gather(1, keep.unsqueeze(-1).expand(*keep.shape, hidden.shape[-1]))
+        return hidden, getattr(out, "past_key_values", None)
 
     def _head_logprobs(self, hidden: Any, targets: Any, temperature: float) -> Any:
         """[R, J] log-probabilities of `targets` [R, J] at the positions `hidden` [R, H].

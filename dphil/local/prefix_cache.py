@@ -129,14 +129,19 @@ class PrefixCache:
         kept = _padded(starts, big_p) if big_p else DynamicCache()
         kv_pos = torch.cat([torch.zeros((d, big_p), dtype=torch.long), pos], dim=1)
         masks = layer_masks(torch, allowed, kv_pos, decoder.config, lm_head.weight.dtype)
-        out = decoder(
+        # Only the positions that predict a candidate's token are read: the prompt's last and the
+        # trie's inner nodes (node -1 is the prompt's last), the same ones in every row.
+        readers = sorted({node for terms in trie.terms for node, _ in terms})
+        keep = torch.tensor([[len(new) + node for node in readers] for new in news], dtype=torch.long)
+        hidden, cache = lm._hidden(
+            keep=keep.to(lm.device),
             input_ids=ids.to(lm.device),
             position_ids=pos.to(lm.device),
             attention_mask={k: v.to(lm.device) for k, v in masks.items()} if isinstance(masks, dict) else masks,
             past_key_values=kept,
             use_cache=True,
         )
-        hidden, cache = out.last_hidden_state, out.past_key_values
+        column = {node: j for j, node in enumerate(readers)}
         predictors: list[int] = []
         targets: list[int] = []
         owners: list[int] = []
@@ -151,10 +156,10 @@ class PrefixCache:
             # A candidate's first token is predicted by the prompt's last position, a later one by its parent node.
             for k, terms in enumerate(trie.terms):
                 for node, tok in terms:
-                    predictors.append(r * big_q + (n - 1 if node < 0 else n + node))
+                    predictors.append(r * len(readers) + column[node])
                     targets.append(tok)
                     owners.append(r * len(cands) + k)
-        flat = term_logprobs(lm, hidden.reshape(d * big_q, -1), predictors, targets, temperature)
+        flat = term_logprobs(lm, hidden.reshape(d * len(readers), -1), predictors, targets, temperature)
         scores = torch.zeros((d * len(cands),), dtype=flat.dtype, device=flat.device)
         scores = scores.index_add(0, torch.tensor(owners, dtype=torch.long, device=flat.device), flat)
         return list(scores.view(d, len(cands)))

@@ -140,8 +140,7 @@ class TreeScorer:
         """The row's forward pass: every scored token's log-probability, and (item, candidate, first, count) spans."""
         torch = self.lm.torch
         family = self._family_of.get(self._index(row)) if torch.is_grad_enabled() else None
-        hidden, at = (self._whole(row), None) if family is None else self._hidden(row, family)
-        # Each sequence's terms: (the position predicting a token, the token).
+        # Each sequence's terms: (the column predicting a token, the token).
         seqs: list[tuple[int, int, list[tuple[int, int]]]] = []
         for s, cols in row.columns.items():
             i, k, start = self.owner[s]
@@ -151,7 +150,7 @@ class TreeScorer:
                 continue
             # Position t predicts token t + 1: the scored tokens by the columns just before
             # them, the reply's last one by the sequence's last column.
-            preds = cols[start - 1 :] if at is None else [at[c] for c in cols[start - 1 :]]
+            preds = cols[start - 1 :]
             seqs.append((i, k, list(zip(preds, [*(row.tokens[c] for c in cols[start:]), last], strict=True))))
         if self.constrained:  # a term all of an item's candidates hold cancels in their softmax
             items: dict[int, list[int]] = {}
@@ -160,31 +159,38 @@ class TreeScorer:
             for js in items.values():
                 for j, kept in zip(js, distinct_terms([seqs[j][2] for j in js]), strict=True):
                     seqs[j] = (seqs[j][0], seqs[j][1], kept)
+        # Only the columns that predict a scored token are read (`last_layer`).
+        readers = sorted({c for _, _, terms in seqs for c, _ in terms})
+        hidden, at = self._whole(row, readers) if family is None else self._hidden(row, family, readers)
         predictors: list[int] = []
         targets: list[int] = []
         spans: list[tuple[int, int, int, int]] = []
         for i, k, terms in seqs:
             spans.append((i, k, len(targets), len(terms)))
-            predictors += [p for p, _ in terms]
+            predictors += [at[c] for c, _ in terms]
             targets += [t for _, t in terms]
         flat = term_logprobs(self.lm, hidden, predictors, targets, temperature or 1.0)
         return flat, spans
 
-    def _whole(self, row: TreeRow) -> Any:
-        """[W, H]: the row's hidden states, every column computed."""
+    def _whole(self, row: TreeRow, readers: list[int]) -> tuple[Any, dict[int, int]]:
+        """The hidden states of the row's `readers` columns, every column computed, and each one's place."""
         lm = self.lm
         decoder, lm_head, _ = lm._parts()
         t = row_tensors(lm.torch, row, config=decoder.config, dtype=lm_head.weight.dtype, device=lm.device)
         hidden, _ = lm._hidden(
-            input_ids=t.input_ids, attention_mask=t.attention_mask, position_ids=t.position_ids, use_cache=False
+            keep=lm.torch.tensor([readers], dtype=lm.torch.long, device=lm.device),
+            input_ids=t.input_ids,
+            attention_mask=t.attention_mask,
+            position_ids=t.position_ids,
+            use_cache=False,
         )
-        return hidden[0]
+        return hidden[0], {c: j for j, c in enumerate(readers)}
 
     def _index(self, row: TreeRow) -> int:
         return next(i for i, r in enumerate(self.rows) if r is row)
 
-    def _hidden(self, row: TreeRow, family: Family) -> tuple[Any, dict[int, int]]:
-        """The hidden states the row scores from, and each column's place in them.
+    def _hidden(self, row: TreeRow, family: Family, readers: list[int]) -> tuple[Any, dict[int, int]]:
+        """The hidden states of the row's `readers` columns, and each one's place in them.
 
         The row computes the columns its family's stem lacks, attending to the stem's columns
         it holds through a cache; a stem column's hidden state is the stem's (through its leaf).
@@ -194,16 +200,21 @@ class TreeScorer:
         decoder, lm_head, _ = lm._parts()
         stem = self._stem_pass(family)
         held = family.column
+        wanted = set(readers)
         cached = [c for c, n in enumerate(row.nodes) if n in held]
         own = [c for c, n in enumerate(row.nodes) if n not in held]
-        index = torch.tensor([held[row.nodes[c]] for c in cached], dtype=torch.long, device=lm.device)
-        from_stem = stem.hidden_leaf.index_select(0, index)
-        at = {c: j for j, c in enumerate(own)} | {c: len(own) + j for j, c in enumerate(cached)}
+        own_read = [j for j, c in enumerate(own) if c in wanted]  # places among the row's own columns
+        cached_read = [c for c in cached if c in wanted]
+        read = torch.tensor([held[row.nodes[c]] for c in cached_read], dtype=torch.long, device=lm.device)
+        from_stem = stem.hidden_leaf.index_select(0, read)
+        at = {own[j]: i for i, j in enumerate(own_read)} | {c: len(own_read) + i for i, c in enumerate(cached_read)}
         if not own:  # every column is the stem's
             return from_stem, at
+        index = torch.tensor([held[row.nodes[c]] for c in cached], dtype=torch.long, device=lm.device)
         t = row_tensors(torch, row, config=decoder.config, dtype=lm_head.weight.dtype, device=lm.device, cached=cached)
         with replayable(decoder):
             hidden, _ = lm._hidden(
+                keep=torch.tensor([own_read], dtype=torch.long, device=lm.device),
                 input_ids=t.input_ids,
                 attention_mask=t.attention_mask,
                 position_ids=t.position_ids,

@@ -39,7 +39,7 @@ def attend(fn, mask, q_len: int, pad: int, *, seed: int, dtype=torch.float32):
     return [out.detach(), q.grad, k.grad, v.grad]
 
 
-@pytest.mark.parametrize(("q_len", "pad"), [(70, 0), (70, 23), (70, 70), (1, 0)])
+@pytest.mark.parametrize(("q_len", "pad"), [(70, 0), (70, 23), (70, 70), (1, 0), (20, 70)])
 def test_the_same_attention_and_gradients_as_sdpa(q_len, pad):
     mask, allowed = masked(q_len, pad, seed=q_len + pad)
     want = attend(sdpa_attention_forward, mask, q_len, pad, seed=3)
@@ -47,6 +47,31 @@ def test_the_same_attention_and_gradients_as_sdpa(q_len, pad):
         got = attend(causal_sdpa_forward, m, q_len, pad, seed=3)
         for a, b in zip(got, want, strict=True):
             assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_query_heads_stacked_after_a_long_cache_as_sdpa_batch_by_batch():
+    """A cache longer than the queries: each key/value head's query heads stacked, rows of a batch apart."""
+    g = torch.Generator().manual_seed(5)
+    q_len, pad, batch = 12, 50, 3
+    allowed = torch.stack([masked(q_len, pad, seed=s)[1] for s in range(batch)])[:, None]
+    q = torch.randn((batch, 4, q_len, 16), generator=g)
+    k, v = torch.randn((2, batch, 2, q_len + pad, 16), generator=g)
+    module = SimpleNamespace(num_key_value_groups=2, is_causal=True, training=False)
+    calls = []
+    real = ca.packed_forward
+    ca.packed_forward = lambda *a: calls.append(1) or real(*a)
+    try:
+        got, _ = causal_sdpa_forward(module, q, k, v, allowed, scaling=0.25)
+    finally:
+        ca.packed_forward = real
+    want, _ = sdpa_attention_forward(module, q, k, v, allowed, scaling=0.25)
+    assert calls and got.shape == want.shape == (batch, q_len, 4, 16)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    # each batch row on its own: no row reads another's mask
+    for b in range(batch):
+        one = slice(b, b + 1)
+        alone, _ = causal_sdpa_forward(module, q[one], k[one], v[one], allowed[one], scaling=0.25)
+        assert torch.allclose(alone, got[b : b + 1], atol=1e-5, rtol=1e-5)
 
 
 def test_a_mask_that_looks_ahead_goes_to_sdpa_unchanged():

@@ -72,7 +72,8 @@ def build_tiny_model(
 ) -> Path:
     """Write a tiny Qwen3 model + tokenizer to `path` (created) and return `path`.
 
-    `architecture="gemma3"` builds Gemma 3's text model instead (the real
+    `architecture="qwen2"` builds Qwen2's (the instruction-tuned Qwen2.5 models'
+    family); `architecture="gemma3"` builds Gemma 3's text model instead (the base
     weights' family): sliding-window layers with a window of `sliding_window`
     tokens beside full-attention ones, one key/value head, a final-logit
     softcap; so code that builds its own attention masks meets what the real
@@ -84,6 +85,8 @@ def build_tiny_model(
         Gemma3ForCausalLM,
         Gemma3TextConfig,
         PreTrainedTokenizerFast,
+        Qwen2Config,
+        Qwen2ForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
     )
@@ -138,8 +141,11 @@ def build_tiny_model(
         model = Gemma3ForCausalLM(config)
     elif architecture == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(**common, num_key_value_heads=2))
+    elif architecture == "qwen2":  # the real instruction-tuned models' family: biased q/k/v, no q/k norms
+        common.pop("head_dim")
+        model = Qwen2ForCausalLM(Qwen2Config(**common, num_key_value_heads=2))
     else:
-        raise ValueError(f"unknown tiny architecture {architecture!r} (qwen3 or gemma3)")
+        raise ValueError(f"unknown tiny architecture {architecture!r} (qwen3, qwen2 or gemma3)")
     config = model.config
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id
