@@ -35,6 +35,7 @@ adapter it lacks, which it names).
     nice -n 5 python bench/recipes.py                   # full size (see --help for the sizes)
     python bench/recipes.py --smoke                     # end to end in a few minutes (CI)
     nice python bench/recipes.py --real [--seeds 0]     # Qwen2.5-Coder-0.5B-Instruct on the CPU
+    nice python bench/recipes.py --real --temperature 1.5 --seeds 0   # every recipe trained sampling hotter
 
 --real trains the real instruction-tuned model dphil-weights assembles (or --base-model DIR)
 at the study's step size (2 groups x 3 episodes, N = 5, 5 rounds, the built-in prompt, full
@@ -246,6 +247,7 @@ class Experiment:
             if self.args.gpu or self.args.real
             else "tests/support/tinymodel.py tiny random Qwen3 + single-token action names (bench/train_curve.py)",
             "lr": self.args.lr,
+            "temperature": {"training": self.args.temperature, "test": 1.0},
             "seconds": round(seconds),  # this invocation's; the parts' sum below
         }
         self.log_part(seconds)
@@ -328,6 +330,14 @@ def main() -> None:
         default="auto",
         help="--real: train in bfloat16, activations kept (auto: where the CPU has bfloat16 instructions).",
     )
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="Sampling temperature of every recipe's training and validation episodes (dphil-train "
+        "--temperature); test episodes sample at 1.0. Another value keeps its own work and results "
+        "directories (-tT) [1.0].",
+    )
     ap.add_argument("--jobs", type=int, default=2, help="Commands in parallel (1 thread each).")
     ap.add_argument("--work", type=Path, default=None, help="Work files [bench/out/recipes[-smoke]].")
     ap.add_argument(
@@ -349,11 +359,24 @@ def main() -> None:
     args.autocast = ["--dtype", "bfloat16", "--autocast", "bf16", "--no-gradient-checkpointing"] if bf16 else []
     # SIGTERM (kill, scancel) unwinds like Ctrl-C, so the running commands are stopped with us.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    tag = {"full": ""}.get(args.size, f"-{args.size}")
-    args.work = args.work or ROOT / "bench" / "out" / f"recipes{tag}"
-    # Only the full size's results are committed; a smoke run's stay with its work files.
-    args.out = args.out or (args.work / "results" if args.smoke else ROOT / "bench" / "results" / f"recipes{tag}")
+    if not args.temperature > 0:
+        ap.error("--temperature must be above 0")
+    args.work, args.out = directories(args)
     Experiment(args).run()
+
+
+def directories(args: argparse.Namespace) -> tuple[Path, Path]:
+    """(work, results): the options' or the size's own, and a training temperature's own.
+
+    dphil-train refuses to resume a run at another temperature, and a table must not mix two.
+    """
+    tag = {"full": ""}.get(args.size, f"-{args.size}")
+    if args.temperature != 1.0:
+        tag += f"-t{args.temperature:g}"
+    work = args.work or ROOT / "bench" / "out" / f"recipes{tag}"
+    # Only the full size's results are committed; a smoke run's stay with its work files.
+    out = args.out or (work / "results" if args.smoke else ROOT / "bench" / "results" / f"recipes{tag}")
+    return work, out
 
 
 if __name__ == "__main__":

@@ -98,6 +98,8 @@ class Commands:
                 *self.common(),
                 "--episodes-out",
                 rel(self.work / f"ep-{name}-s{seed}.jsonl"),
+                # the default left unnamed: earlier parts' command lines stay as they ran
+                *(["--temperature", f"{self.args.temperature:g}"] if self.args.temperature != 1.0 else []),
             ],
         )
 

@@ -105,3 +105,34 @@ def test_the_recipe_experiment_runs_end_to_end_and_resumes(tmp_path):
     (fresh / "test-study.jsonl").unlink()
     lost = smoke(fresh, out)
     assert lost.returncode != 0 and "is not here" in lost.stderr and "run-study-s0" in lost.stderr
+
+
+def test_a_training_temperature_reaches_every_run_and_keeps_its_own_directories(tmp_path, monkeypatch):
+    """--temperature: every recipe's dphil-train samples at it; the default leaves old command lines alone."""
+    import argparse
+
+    from tests.support.commands import load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    recipes = load_script("bench/recipes.py")
+    from recipes_commands import Commands
+    from recipes_plan import SIZES
+
+    def job(temperature: float) -> list[str]:
+        args = argparse.Namespace(gpu=False, real=True, lr=1e-4, autocast=[], temperature=temperature)
+        _, argv = Commands(args, SIZES["real"], tmp_path).train_job(
+            "study", {"reward": "paper", "advantage": "episode", "sizes": ["-n", "5"]}, 0, "model-dir"
+        )
+        return argv
+
+    hot = job(1.5)
+    assert hot[hot.index("--temperature") + 1] == "1.5"
+    assert "--temperature" not in job(1.0)
+
+    def dirs(temperature: float, size: str = "real") -> tuple[Path, Path]:
+        args = argparse.Namespace(size=size, smoke=size == "smoke", temperature=temperature, work=None, out=None)
+        return recipes.directories(args)
+
+    assert [p.name for p in dirs(1.0)] == ["recipes-real", "recipes-real"]
+    assert [p.name for p in dirs(1.5)] == ["recipes-real-t1.5", "recipes-real-t1.5"]
+    assert dirs(1.5, "smoke")[1] == dirs(1.5, "smoke")[0] / "results"
