@@ -6,7 +6,7 @@ random Qwen3 (see bench/train_curve.py for why its action names are made
 single tokens), then evaluated on held-out test seeds at N=3 and N=5:
 
     study      paper reward, --advantage episode, N=5 fixed, the last checkpoint
-    dphil      shaped reward, the better of philosopher/step on VALIDATION,
+    dphil      shaped reward, the better of philosopher/step on VALIDATION (or --credit),
                --curriculum 3:S/2,5:S/2, the checkpoint dphil-ckpt-select --by val keeps
     ablations  dphil with one ingredient changed: the other advantage mode,
                episode advantage, paper reward, N=5 fixed, the last checkpoint
@@ -36,6 +36,7 @@ adapter it lacks, which it names).
     python bench/recipes.py --smoke                     # end to end in a few minutes (CI)
     nice python bench/recipes.py --real [--seeds 0]     # Qwen2.5-Coder-0.5B-Instruct on the CPU
     nice python bench/recipes.py --real --temperature 1.5 --seeds 0   # every recipe trained sampling hotter
+    nice python bench/recipes.py --real --temperature 1.5 --credit step --seeds 0   # credit fixed in advance
 
 --real trains the real instruction-tuned model dphil-weights assembles (or --base-model DIR)
 at the study's step size (2 groups x 3 episodes, N = 5, 5 rounds, the built-in prompt, full
@@ -116,7 +117,7 @@ class Experiment:
         # one ART trainer per GPU; a real model's command uses both cores
         width = 1 if self.args.gpu or self.args.real else self.args.jobs
         # Phase 1: the recipes that do not depend on the validation choice, and the base model.
-        first = recipes(self.size["steps"], None, self.ablations)
+        first = recipes(self.size["steps"], None, self.ablations, self.args.credit)
         jobs = [
             j
             for name, r in first.items()
@@ -131,7 +132,7 @@ class Experiment:
         archive(self.work, self.kept)
         # The better credit assignment, on validation only (never the test seeds).
         best = self.choose()
-        full = recipes(self.size["steps"], best, self.ablations)
+        full = recipes(self.size["steps"], best, self.ablations, self.args.credit)
         jobs = [
             j
             for name, r in full.items()
@@ -171,6 +172,24 @@ class Experiment:
         path = self.work / "choice.json"
         seeds = sorted(self.seeds)
         old = json.loads(path.read_text()) if path.exists() else None
+        fixed = self.args.credit != "val"
+        if old and old.get("fixed", False) != fixed:
+            was = "fixed" if old.get("fixed") else "chosen on validation"
+            sys.exit(f"{rel(path)}: this work directory's credit mode was {was}; another --credit needs its own --work")
+        if fixed:  # chosen before this experiment (its reason in the report), never on its episodes
+            atomic_write(
+                path,
+                json.dumps(
+                    {
+                        "advantage": self.args.credit,
+                        "fixed": True,
+                        "seeds": seeds,
+                        "how": "fixed in advance by --credit",
+                    }
+                )
+                + "\n",
+            )
+            return self.args.credit
         if old and old.get("seeds") == seeds:
             return old["advantage"]
         legacy = self.work / "test-dphil.jsonl"
@@ -337,6 +356,13 @@ def main() -> None:
         help="Sampling temperature of every recipe's training and validation episodes (dphil-train "
         "--temperature); test episodes sample at 1.0. Another value keeps its own work and results "
         "directories (-tT) [1.0].",
+    )
+    ap.add_argument(
+        "--credit",
+        choices=("val", "philosopher", "step"),
+        default="val",
+        help="The dphil arm's credit mode: chosen on validation between philosopher and step (val), or "
+        "fixed in advance, so the other mode is not trained unless the 'other' ablation asks [val].",
     )
     ap.add_argument("--jobs", type=int, default=2, help="Commands in parallel (1 thread each).")
     ap.add_argument("--work", type=Path, default=None, help="Work files [bench/out/recipes[-smoke]].")

@@ -60,8 +60,12 @@ SIZES = {
 ABLATIONS = ("other", "episode", "paper", "fixed5", "last")
 
 
-def recipes(steps: int, best: str | None, ablations: set[str]) -> dict[str, dict]:
-    """The trained recipes; those using the chosen advantage mode only once `best` is known."""
+def recipes(steps: int, best: str | None, ablations: set[str], credit: str = "val") -> dict[str, dict]:
+    """The trained recipes; those using the chosen advantage mode only once `best` is known.
+
+    With the credit mode fixed in advance (`credit` philosopher or step) only that mode's dphil
+    runs are trained, and the other's only for the 'other' ablation.
+    """
     half = max(1, steps // 2)
     curriculum = ["--curriculum", f"3:{half},5:{steps - half}"]
     fixed5 = ["-n", "5"]
@@ -70,6 +74,8 @@ def recipes(steps: int, best: str | None, ablations: set[str]) -> dict[str, dict
         "dphil-philosopher": dict(reward="shaped", advantage="philosopher", sizes=curriculum),
         "dphil-step": dict(reward="shaped", advantage="step", sizes=curriculum),
     }
+    if credit != "val" and "other" not in ablations:
+        out = {k: v for k, v in out.items() if k in ("study", f"dphil-{credit}")}
     if "episode" in ablations:
         out["abl-episode"] = dict(reward="shaped", advantage="episode", sizes=curriculum)
     if best and "paper" in ablations:

@@ -136,3 +136,36 @@ def test_a_training_temperature_reaches_every_run_and_keeps_its_own_directories(
     assert [p.name for p in dirs(1.0)] == ["recipes-real", "recipes-real"]
     assert [p.name for p in dirs(1.5)] == ["recipes-real-t1.5", "recipes-real-t1.5"]
     assert dirs(1.5, "smoke")[1] == dirs(1.5, "smoke")[0] / "results"
+
+
+def test_a_credit_mode_fixed_in_advance_trains_only_that_mode_and_is_recorded(tmp_path, monkeypatch):
+    """--credit step: no philosopher run (unless the 'other' ablation asks), choice.json says fixed,
+    and a work directory whose mode was chosen on validation refuses a fixed one (and back)."""
+    import types
+
+    from tests.support.commands import load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    recipes = load_script("bench/recipes.py")
+    from recipes_plan import recipes as plan
+
+    assert set(plan(8, None, set())) == {"study", "dphil-philosopher", "dphil-step"}
+    assert set(plan(8, None, set(), "step")) == {"study", "dphil-step"}
+    assert set(plan(8, None, {"other"}, "step")) == {"study", "dphil-philosopher", "dphil-step"}
+
+    def experiment(credit: str, work: Path) -> types.SimpleNamespace:
+        return types.SimpleNamespace(args=types.SimpleNamespace(credit=credit), work=work, seeds=[1, 0])
+
+    fixed = tmp_path / "fixed"
+    fixed.mkdir()
+    assert recipes.Experiment.choose(experiment("step", fixed)) == "step"
+    choice = json.loads((fixed / "choice.json").read_text())
+    assert choice["advantage"] == "step" and choice["fixed"] is True and choice["seeds"] == [0, 1]
+    with pytest.raises(SystemExit, match="credit mode was fixed"):
+        recipes.Experiment.choose(experiment("val", fixed))
+    chosen = tmp_path / "chosen"
+    chosen.mkdir()
+    (chosen / "choice.json").write_text(json.dumps({"advantage": "philosopher", "seeds": [0, 1]}))
+    with pytest.raises(SystemExit, match="chosen on validation"):
+        recipes.Experiment.choose(experiment("step", chosen))
+    assert recipes.Experiment.choose(experiment("val", chosen)) == "philosopher"
