@@ -20,6 +20,8 @@ plays the same episodes as long as its sampling arithmetic is the same (float32)
             times the size and twice the kept activations per row
   nockpt    rows of 1024 positions, activations kept (--no-gradient-checkpointing): the bare
             decoder trains faster so (bench_machine.py), but narrower rows repeat more prefixes
+  bf16wa-nockpt-seatlast  bf16wa-nockpt with --prompt seat-last: every seat's system prompt opens
+            alike, so the step computes that opening once (another prompt: other episodes)
 
 The phases come from the step's checkpoint record (`phase_seconds`: rollout, train, save),
 the positions the training forward passes computed from `positions`. The plain and tree
@@ -71,6 +73,7 @@ VARIANTS = {
     "bf16wa-nockpt-whole": [*BF16WA_NOCKPT, "--no-shared-prefix"],
     "bf16wa-nockpt-w1024": [*BF16WA_NOCKPT, "--pack-width", "1024"],
     "nockpt": ["--pack-width", "1024", "--no-gradient-checkpointing"],
+    "bf16wa-nockpt-seatlast": [*BF16WA_NOCKPT, "--prompt", "seat-last"],
 }
 
 

@@ -30,7 +30,7 @@ from dphil.core.protocols import (
 from dphil.core.table import Observation
 from dphil.io.errors import ConfigError, NoInputError
 
-PROMPT_VARIANTS = ("default", "minimal", "resource-ordering", "symmetry-breaking")
+PROMPT_VARIANTS = ("default", "minimal", "resource-ordering", "symmetry-breaking", "seat-last")
 
 # -- fragments shared by the templates -------------------------------------------------------
 
@@ -95,6 +95,33 @@ $actions
 
 $answer"""
 
+# The default's wording with the seat named last: every seat's prompt at a table of n then opens
+# with the same few hundred tokens, which a local model computes once for all of them (sampling's
+# kept stems, training's prefix trees). Another prompt, not a faster default: a model may read it
+# differently, so its episodes carry its own name and version.
+SEAT_LAST_TEMPLATE = """\
+You are one of $n philosophers at a round table, seated 0 to $last_seat. One fork lies \
+between each pair of neighbours, $n forks in all.
+
+$rules
+
+$schedule
+
+$goal
+
+At the start of each round you are told what you can see: the round number, which of your \
+forks you hold, whether your neighbouring forks are free, your meals so far and what happened \
+to your last action.
+
+Your actions:
+$actions
+
+$answer
+
+You are philosopher $seat. Your left fork is fork $left_fork, shared with your left neighbour, \
+philosopher $left_neighbour. Your right fork is fork $right_fork, shared with your right \
+neighbour, philosopher $right_neighbour."""
+
 MINIMAL_TEMPLATE = """\
 Dining philosophers. You are philosopher $seat of $n (seats 0..$last_seat). \
 Left fork: fork $left_fork. Right fork: fork $right_fork.
@@ -123,6 +150,7 @@ BUILTIN_TEMPLATES = {
     "minimal": MINIMAL_TEMPLATE,
     "resource-ordering": DEFAULT_TEMPLATE.replace("\n\n$answer", RESOURCE_ORDERING_STRATEGY + "\n\n$answer"),
     "symmetry-breaking": DEFAULT_TEMPLATE.replace("\n\n$answer", SYMMETRY_BREAKING_STRATEGY + "\n\n$answer"),
+    "seat-last": SEAT_LAST_TEMPLATE,
 }
 
 # Per-round text pieces (part of the version hash as well).
@@ -243,7 +271,7 @@ def _values(protocol: str, n: int, i: int, *, schedule: str, tools: bool) -> dic
 
 
 def builtin_prompt(name: str = "default") -> Prompt:
-    """One of the built-in variants (default, minimal, resource-ordering, symmetry-breaking)."""
+    """One of the built-in variants (PROMPT_VARIANTS)."""
     try:
         template = BUILTIN_TEMPLATES[name]
     except KeyError:

@@ -8,7 +8,9 @@ after it, then its K candidate replies as one trie (`candidate_terms`: a mask le
 the conversation and its ancestors, at positions continuing the prompt's), and the cache
 is cut back to the prompt for the next round. The values are those of a forward pass over the
 whole prompt (the same keys at the same positions). Equal prompts (a group's episodes play
-the same scenario, so their first prompts are) are scored once, a prompt kept whole is reused
+the same scenario, so their first prompts are) are scored once; different prompts that open
+alike (every seat's first prompt under `--prompt seat-last`) have what they share computed
+once and kept as a stem that each extends (`_stems`); a prompt kept whole is reused
 up to its last token, and a round's conversations are extended together, in a few batches of
 prompts that bring about as many new tokens: a decoder call reads every weight once (thirty
 calls a round would read them thirty times), and a padded position costs as much as a real one.
@@ -65,6 +67,8 @@ class PrefixCache:
         unique = list(dict.fromkeys(tuple(p) for p in prompts))
         scores: dict[tuple[int, ...], Any] = {}
         with torch.no_grad():
+            for stem in self._stems(unique):
+                self._prefill(list(stem))
             starts = {ids: self._start(list(ids)) for ids in unique}
             new = {ids: len(ids) - starts[ids][0] for ids in unique}
             for batch in _batches(unique, new, padding=self.call_positions):
@@ -89,6 +93,57 @@ class PrefixCache:
         past = len(found[0])
         # Kept whole: its last token again, for the candidates' first.
         return (past - 1, found[1]) if past == len(prompt) else (past, found[1])
+
+    def _stems(self, prompts: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """Openings several prompts share beyond what is kept, each worth a call of its own.
+
+        Sorted, prompts that open alike are neighbours: a run of neighbours whose common
+        opening goes more than a call's cost (`call_positions`) past the longer of their kept
+        prefixes shares that opening, computed once instead of once per prompt. One level: a
+        stem inside a stem is not looked for.
+        """
+        ordered = sorted(prompts)
+        kept = [self._start(list(ids))[0] for ids in ordered]
+        out: list[tuple[int, ...]] = []
+        run_start, run_len = 0, 0
+        for i in range(len(ordered) + 1):
+            common = _common(ordered[i - 1], ordered[i]) if 0 < i < len(ordered) else 0
+            if i and i < len(ordered) and common - max(kept[i - 1], kept[i]) > self.call_positions:
+                run_len = min(run_len, common) if i - run_start > 1 else common
+                continue
+            if i - run_start > 1:
+                out.append(ordered[run_start][:run_len])
+            run_start = i
+        return out
+
+    def _prefill(self, ids: list[int]) -> None:
+        """Keep `ids`' keys and values, computed after the longest kept prompt it extends."""
+        from transformers import DynamicCache
+
+        lm = self.lm
+        torch = lm.torch
+        past, state = self._start(ids)
+        new = ids[past:]
+        n = len(new)
+        pos = torch.arange(past, past + n)[None]
+        allowed = torch.ones((1, n, past + n), dtype=torch.bool)
+        allowed[0, :, past:] = torch.ones((n, n), dtype=torch.bool).tril()
+        kv_pos = torch.cat([torch.arange(past)[None], pos], dim=1)
+        decoder, lm_head, _ = lm._parts()
+        masks = layer_masks(torch, allowed, kv_pos, decoder.config, lm_head.weight.dtype)
+        _, cache = lm._hidden(
+            keep=torch.tensor([[n - 1]], device=lm.device),
+            input_ids=torch.tensor([new], device=lm.device),
+            position_ids=pos.to(lm.device),
+            attention_mask={k: v.to(lm.device) for k, v in masks.items()} if isinstance(masks, dict) else masks,
+            past_key_values=_padded([(past, state)], past) if past else DynamicCache(),
+            use_cache=True,
+        )
+        self._keep(
+            tuple(ids), [(x.keys[:, :, : past + n].clone(), x.values[:, :, : past + n].clone()) for x in cache.layers]
+        )
+        self.reused += past
+        self.computed += n
 
     def _extend(self, prompts: list[list[int]], starts: list[tuple[int, Any]], cands, temperature: float) -> list:
         """Each prompt's K candidate scores (unnormalised), its new tokens computed in one batch.
@@ -169,6 +224,14 @@ class PrefixCache:
         self.entries.move_to_end(ids)
         while len(self.entries) > 1 and sum(len(k) for k in self.entries) > self.budget:
             self.entries.popitem(last=False)
+
+
+def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """How many tokens `a` and `b` open with alike."""
+    k, end = 0, min(len(a), len(b))
+    while k < end and a[k] == b[k]:
+        k += 1
+    return k
 
 
 def _padded(starts: list[tuple[int, Any]], width: int) -> Any:

@@ -125,3 +125,21 @@ def test_talk_text_and_tool_specs():
         specs = tool_specs(protocol)
         assert [s["function"]["name"] for s in specs] == list(protocol_actions(protocol))
         assert all(s["type"] == "function" and s["function"]["description"] for s in specs)
+
+
+def test_seat_last_opens_every_seat_with_the_same_text_and_names_the_seat_at_the_end():
+    """What lets a local model compute every seat's system prompt once: all but the last paragraph shared."""
+
+    def opening(texts: list[str]) -> str:
+        k = 0
+        while all(len(t) > k and t[k] == texts[0][k] for t in texts):
+            k += 1
+        return texts[0][:k]
+
+    texts = [system_prompt("paper", 5, i, "seat-last", tools=False) for i in range(5)]
+    shared = opening(texts)
+    assert shared.endswith("You are philosopher ") and "philosopher 0" not in shared
+    assert all(len(t) - len(shared) < 200 for t in texts) and len(shared) > 1500
+    assert texts[3].endswith("Your right fork is fork 4, shared with your right neighbour, philosopher 4.")
+    # the default names the seat in its first sentence: its seats share almost nothing
+    assert len(opening([system_prompt("paper", 5, i) for i in range(5)])) < 40

@@ -107,6 +107,58 @@ def test_equal_prompts_are_scored_once_and_a_kept_one_up_to_its_last_token(lm):
     assert torch.allclose(mixed, whole, **LOGPROB_TOLERANCE)
 
 
+def test_prompts_that_open_alike_share_one_kept_stem(lm):
+    """Every seat's first prompt under --prompt seat-last: the shared opening computed once, the scores unchanged."""
+    from dphil.agents.prompts import system_prompt
+    from dphil.local.candidate_terms import CandidateTrie
+    from dphil.local.prefix_cache import PrefixCache, _common
+
+    if not PrefixCache.supports(lm.model.config):
+        pytest.skip("sliding-window layers are not cached")
+    torch = lm.torch
+    cands = lm.candidate_ids(ACTIONS)
+    m = len(CandidateTrie.of(cands).tokens)
+    prompts = [
+        lm.prompt_ids(
+            [
+                {"role": "system", "content": system_prompt("paper", 5, seat, "seat-last", tools=False)},
+                {"role": "user", "content": "Round 1 of 5."},
+            ]
+        )
+        for seat in range(5)
+    ]
+    shared = min(_common(tuple(prompts[0]), tuple(p)) for p in prompts[1:])
+    cache = PrefixCache(lm)
+    assert shared > cache.call_positions + 20
+    got = cache.candidate_logprobs(prompts, cands, temperature=0.8)
+    with torch.no_grad():
+        whole = lm.candidate_logprobs(prompts, cands, temperature=0.8)
+    assert torch.allclose(got, whole, **LOGPROB_TOLERANCE)
+    # the opening once, then each prompt's own tokens and candidates
+    assert cache.computed == shared + sum(len(p) - shared + m for p in prompts)
+    assert cache.reused == 5 * shared and tuple(prompts[0][:shared]) in cache.entries
+
+
+def test_a_stem_is_kept_only_where_it_saves_more_than_a_call():
+    from types import SimpleNamespace
+
+    from dphil.local.prefix_cache import PrefixCache
+
+    kept: dict[tuple[int, ...], int] = {}
+    cache = SimpleNamespace(
+        call_positions=32,
+        _start=lambda ids: (max((len(k) for k in kept if tuple(ids[: len(k)]) == k), default=0), None),
+    )
+    stem = tuple(range(100))
+    a, b, c = (*stem, 7, 7), (*stem, 8), (*stem[:60], 9)
+    lone = (500,) * 80
+    assert PrefixCache._stems(cache, [lone, b, a]) == [stem]  # lone shares nothing
+    assert PrefixCache._stems(cache, [a, b, c]) == [stem[:60]]  # a run's stem: what all of it shares
+    assert PrefixCache._stems(cache, [(*stem[:30], 1), (*stem[:30], 2)]) == []  # 30 positions: not worth a call
+    kept[stem[:90]] = 1  # all but 10 of it already kept: not worth a call either
+    assert PrefixCache._stems(cache, [a, b]) == []
+
+
 def test_a_round_is_batched_by_new_tokens_with_little_padding():
     from dphil.local.prefix_cache import _batches
 

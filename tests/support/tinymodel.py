@@ -49,10 +49,12 @@ def _corpus() -> list[str]:
     """Table vocabulary plus the agent prompts themselves, so a prompt is a few hundred tokens."""
     lines = [line for line in _CORPUS.strip().splitlines() if line.strip()]
     try:
-        from dphil.agents.prompts import PROMPT_VARIANTS, builtin_prompt
+        from dphil.agents.prompts import builtin_prompt
     except ImportError:  # the prompts module is optional for the tokenizer
         return lines
-    for variant in PROMPT_VARIANTS:
+    # The variants the tiny tokenizer was first trained on, frozen: a later variant's lines would
+    # change its merges, and with them every tiny model the tests were written against.
+    for variant in ("default", "minimal", "resource-ordering", "symmetry-breaking"):
         for protocol in ("paper", "dpbench"):
             for tools in (True, False):
                 text = builtin_prompt(variant).system(protocol, 5, 1, tools=tools)
