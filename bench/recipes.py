@@ -37,6 +37,7 @@ adapter it lacks, which it names).
     nice python bench/recipes.py --real [--seeds 0]     # Qwen2.5-Coder-0.5B-Instruct on the CPU
     nice python bench/recipes.py --real --temperature 1.5 --seeds 0   # every recipe trained sampling hotter
     nice python bench/recipes.py --real --temperature 1.5 --credit step --seeds 0   # credit fixed in advance
+    nice python bench/recipes.py --real --prompt seat-last --seeds 0   # the prompt whose step is fastest
 
 --real trains the real instruction-tuned model dphil-weights assembles (or --base-model DIR)
 at the study's step size (2 groups x 3 episodes, N = 5, 5 rounds, the built-in prompt, full
@@ -65,6 +66,8 @@ from recipes_commands import Commands
 from recipes_plan import ABLATIONS, SIZES, arms, expand, recipes, test_file
 from recipes_report import curve, digest, plot_curves
 from recipes_work import archive, atomic_write, journal, restore
+
+from dphil.agents.prompts import PROMPT_VARIANTS
 
 
 class Experiment:
@@ -267,6 +270,7 @@ class Experiment:
             else "tests/support/tinymodel.py tiny random Qwen3 + single-token action names (bench/train_curve.py)",
             "lr": self.args.lr,
             "temperature": {"training": self.args.temperature, "test": 1.0},
+            "prompt": self.args.prompt,
             "seconds": round(seconds),  # this invocation's; the parts' sum below
         }
         self.log_part(seconds)
@@ -358,6 +362,13 @@ def main() -> None:
         "directories (-tT) [1.0].",
     )
     ap.add_argument(
+        "--prompt",
+        choices=PROMPT_VARIANTS,
+        default="default",
+        help="--real, --gpu: the built-in prompt every episode plays, training and test; another than "
+        "the default keeps its own work and results directories (-pNAME) [default].",
+    )
+    ap.add_argument(
         "--credit",
         choices=("val", "philosopher", "step"),
         default="val",
@@ -387,6 +398,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not args.temperature > 0:
         ap.error("--temperature must be above 0")
+    if args.prompt != "default" and not (args.real or args.gpu):
+        ap.error("--prompt: the tiny model plays its own prompt file (bench/single_token_model.py)")
     args.work, args.out = directories(args)
     Experiment(args).run()
 
@@ -394,11 +407,13 @@ def main() -> None:
 def directories(args: argparse.Namespace) -> tuple[Path, Path]:
     """(work, results): the options' or the size's own, and a training temperature's own.
 
-    dphil-train refuses to resume a run at another temperature, and a table must not mix two.
+    dphil-train refuses to resume a run at another temperature or prompt, and a table must not mix two.
     """
     tag = {"full": ""}.get(args.size, f"-{args.size}")
     if args.temperature != 1.0:
         tag += f"-t{args.temperature:g}"
+    if getattr(args, "prompt", "default") != "default":
+        tag += f"-p{args.prompt}"
     work = args.work or ROOT / "bench" / "out" / f"recipes{tag}"
     # Only the full size's results are committed; a smoke run's stay with its work files.
     out = args.out or (work / "results" if args.smoke else ROOT / "bench" / "results" / f"recipes{tag}")

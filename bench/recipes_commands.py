@@ -44,10 +44,23 @@ class Commands:
     def common(self) -> list[str]:
         """Table and policy options shared by training and evaluation."""
         s = self.size
+        # a built-in prompt other than the default is named; earlier parts' command lines stay as they ran
+        prompt = getattr(self.args, "prompt", "default")
+        named = ["--prompt", prompt] if prompt != "default" else []
         if self.args.gpu:  # ART generates free text with the built-in prompt and full memory
-            return ["--rounds", str(s["rounds"])]
+            return ["--rounds", str(s["rounds"]), *named]
         if self.args.real:  # the study's prompt and memory; choices scored, never misparsed
-            return ["--rounds", str(s["rounds"]), "--memory", "full", "--decode", "constrained", "--threads", "2"]
+            return [
+                "--rounds",
+                str(s["rounds"]),
+                "--memory",
+                "full",
+                "--decode",
+                "constrained",
+                "--threads",
+                "2",
+                *named,
+            ]
         prompt = self.work / "prompt.txt"
         if not prompt.exists():
             atomic_write(prompt, PROMPT)

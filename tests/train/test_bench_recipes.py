@@ -138,6 +138,40 @@ def test_a_training_temperature_reaches_every_run_and_keeps_its_own_directories(
     assert dirs(1.5, "smoke")[1] == dirs(1.5, "smoke")[0] / "results"
 
 
+def test_a_built_in_prompt_reaches_training_and_test_and_keeps_its_own_directories(tmp_path, monkeypatch):
+    """--prompt seat-last: named in every dphil-train and dphil-rollout line; the default left unnamed."""
+    import argparse
+
+    from tests.support.commands import load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    recipes = load_script("bench/recipes.py")
+    from recipes_commands import Commands
+    from recipes_plan import SIZES
+
+    def lines(prompt: str) -> tuple[list[str], list[str]]:
+        args = argparse.Namespace(gpu=False, real=True, lr=1e-4, autocast=[], temperature=1.0, prompt=prompt)
+        commands = Commands(args, SIZES["real"], tmp_path)
+        _, train = commands.train_job(
+            "study", {"reward": "paper", "advantage": "episode", "sizes": ["-n", "5"]}, 0, "m"
+        )
+        _, test = commands.test_job("base", ["-m", "hf:m"], tmp_path / "test-base.jsonl")
+        return train, test
+
+    for argv in lines("seat-last"):
+        assert argv[argv.index("--prompt") + 1] == "seat-last"
+    assert all("--prompt" not in argv for argv in lines("default"))
+    args = argparse.Namespace(size="real", smoke=False, temperature=1.5, prompt="seat-last", work=None, out=None)
+    assert [p.name for p in recipes.directories(args)] == ["recipes-real-t1.5-pseat-last"] * 2
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "recipes.py"), "--prompt", "seat-last", "--work", str(tmp_path / "w")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 2 and "tiny model plays its own prompt" in bad.stderr
+
+
 def test_a_credit_mode_fixed_in_advance_trains_only_that_mode_and_is_recorded(tmp_path, monkeypatch):
     """--credit step: no philosopher run (unless the 'other' ablation asks), choice.json says fixed,
     and a work directory whose mode was chosen on validation refuses a fixed one (and back)."""
