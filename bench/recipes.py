@@ -143,7 +143,8 @@ class Experiment:
             for seed in self.seeds
             if (j := self.commands.train_job(name, r, seed, model))
         ]
-        say(f"phase 2 (advantage chosen on validation: {best}): {len(jobs)} job(s)")
+        how = "fixed by --credit" if self.args.credit != "val" else "chosen on validation"
+        say(f"phase 2 (advantage {how}: {best}): {len(jobs)} job(s)")
         run_jobs(jobs, width, self.logs)
         archive(self.work, self.kept)
         self.check_seeds(full)
