@@ -129,6 +129,7 @@ def step(model: str, variant: str, a: argparse.Namespace, work: Path) -> dict:
         "grad_norm": record["grad_norm"],
         "train_reward": record["train_reward"],
         "trained_samples": int(record["trained_samples"]),
+        "seed": a.seed,  # another seed plays other episodes
         "arithmetic": record.get("arithmetic"),
         # A memory allocator preloaded into the step (LD_PRELOAD), which changes its speed, not its values.
         "preload": Path(os.environ["LD_PRELOAD"]).name if os.environ.get("LD_PRELOAD") else None,
@@ -139,13 +140,15 @@ def markdown(rows: list[dict], a: argparse.Namespace) -> str:
     head = "| variant | step s | rollout s | train s | save s | positions | peak RSS GB | loss | grad norm |"
     out = [
         f"One step: {a.groups} groups x {a.group_size} episodes, N = {a.n}, {a.rounds} rounds, LoRA rank 8, "
-        f"{a.threads} threads, seed {a.seed}.",
+        f"{a.threads} threads, seed {a.seed} unless a row names another.",
         "",
         head,
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         name = r["variant"] + (f" under {r['preload']}" if r.get("preload") else "")
+        name += f", seed {r['seed']}" if r.get("seed", a.seed) != a.seed else ""
+        name += f" ({r['code']})" if r.get("code") else ""
         out.append(
             f"| {name} | {r['step_s']:.0f} | {r['rollout_s']:.0f} | {r['train_s']:.0f} | {r['save_s']:.1f} "
             f"| {r['positions']} | {r['peak_rss_gb']} | {r['loss']:.6f} | {r['grad_norm']:.4f} |"
