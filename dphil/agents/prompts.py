@@ -74,12 +74,9 @@ ANSWER_TEXT = {
     False: ("Each round, answer with one line of the form `ACTION: <name>`, where <name> is one of: $action_names."),
 }
 
-DEFAULT_TEMPLATE = """\
-You are philosopher $seat at a round table of $n philosophers, seated 0 to $last_seat. \
-One fork lies between each pair of neighbours, $n forks in all. Your left fork is fork \
-$left_fork, shared with your left neighbour, philosopher $left_neighbour. Your right fork is \
-fork $right_fork, shared with your right neighbour, philosopher $right_neighbour.
-
+# What every seat reads alike, after the opening paragraph that names the table (and, in the
+# default, the seat).
+_BODY = """\
 $rules
 
 $schedule
@@ -95,32 +92,34 @@ $actions
 
 $answer"""
 
+DEFAULT_TEMPLATE = (
+    """\
+You are philosopher $seat at a round table of $n philosophers, seated 0 to $last_seat. \
+One fork lies between each pair of neighbours, $n forks in all. Your left fork is fork \
+$left_fork, shared with your left neighbour, philosopher $left_neighbour. Your right fork is \
+fork $right_fork, shared with your right neighbour, philosopher $right_neighbour.
+
+"""
+    + _BODY
+)
+
 # The default's wording with the seat named last: every seat's prompt at a table of n then opens
 # with the same few hundred tokens, which a local model computes once for all of them (sampling's
 # kept stems, training's prefix trees). Another prompt, not a faster default: a model may read it
 # differently, so its episodes carry its own name and version.
-SEAT_LAST_TEMPLATE = """\
+SEAT_LAST_TEMPLATE = (
+    """\
 You are one of $n philosophers at a round table, seated 0 to $last_seat. One fork lies \
 between each pair of neighbours, $n forks in all.
 
-$rules
-
-$schedule
-
-$goal
-
-At the start of each round you are told what you can see: the round number, which of your \
-forks you hold, whether your neighbouring forks are free, your meals so far and what happened \
-to your last action.
-
-Your actions:
-$actions
-
-$answer
+"""
+    + _BODY
+    + """
 
 You are philosopher $seat. Your left fork is fork $left_fork, shared with your left neighbour, \
 philosopher $left_neighbour. Your right fork is fork $right_fork, shared with your right \
 neighbour, philosopher $right_neighbour."""
+)
 
 MINIMAL_TEMPLATE = """\
 Dining philosophers. You are philosopher $seat of $n (seats 0..$last_seat). \
