@@ -143,3 +143,9 @@ def test_seat_last_opens_every_seat_with_the_same_text_and_names_the_seat_at_the
     assert texts[3].endswith("Your right fork is fork 4, shared with your right neighbour, philosopher 4.")
     # the default names the seat in its first sentence: its seats share almost nothing
     assert len(opening([system_prompt("paper", 5, i) for i in range(5)])) < 40
+
+
+def test_built_in_wordings_are_pinned_by_the_versions_committed_episodes_record():
+    """A change of wording must be a new variant: old episode ids and logs name these versions."""
+    assert builtin_prompt("default").version == "2dd48a6d41"  # bench/results/recipes-real-t1.5/work
+    assert builtin_prompt("seat-last").version == "a72b26e69c"  # bench/results/seat-last
