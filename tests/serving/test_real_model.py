@@ -59,11 +59,16 @@ def test_hf_path_with_real_weights(real_model, decode):
         assert all(t["completion_tokens"] > 0 for t in turns)
 
 
-def test_one_training_step_on_real_weights_writes_an_adapter_that_changes_the_policy(real_model, tmp_path):
-    _, hf = real_model
-    # The published reward, seed 1: its two episodes score differently, so the step has a
-    # gradient (under the shaped reward the base model's episodes usually tie at 0).
-    # A learning rate well above the default, so one step moves probabilities visibly.
+def step_then_play(hf, tmp_path, train_args: list[str], play_args: list[str]) -> tuple[list[dict], list[dict]]:
+    """One GRPO step on `hf`, then the same first round played without and with its adapter.
+
+    The published reward, seed 1: its two episodes score differently, so the step has a
+    gradient (under the shaped reward the base model's episodes usually tie at 0). A learning
+    rate well above the default, so one step moves probabilities visibly. Returns the
+    (base, tuned) episodes after checking the step, the adapter's record and that it moved the
+    action probabilities.
+    """
+    group = ["--steps", "1", "--groups", "1", "--group-size", "2", "--reward", "paper", "--seed", "1"]
     train = run(
         [
             "dphil-train",
@@ -71,17 +76,8 @@ def test_one_training_step_on_real_weights_writes_an_adapter_that_changes_the_po
             "peft",
             "--base-model",
             str(hf),
-            *SMALL,
-            "--steps",
-            "1",
-            "--groups",
-            "1",
-            "--group-size",
-            "2",
-            "--reward",
-            "paper",
-            "--seed",
-            "1",
+            *train_args,
+            *group,
             "--lr",
             "1e-3",
             "--run-dir",
@@ -98,7 +94,7 @@ def test_one_training_step_on_real_weights_writes_an_adapter_that_changes_the_po
     adapter = tmp_path / "run" / "steps" / "0001"
     assert ckpt["path"] == str(adapter) and (adapter / "adapter_config.json").is_file()
     # The same first round with and without the adapter: the same prompts, other probabilities.
-    one = ["-n", "3", "--rounds", "1", "--episodes", "1", "--threads", "2"]
+    one = ["-n", "3", "--rounds", "1", "--episodes", "1", "--threads", "2", *play_args]
     base = check_played(run(["dphil-rollout", "-m", f"hf:{hf}", *one], timeout=900), 1)
     tuned = check_played(run(["dphil-rollout", "-m", f"hf:{hf}", "--adapter", str(adapter), *one], timeout=900), 1)
     assert tuned[0]["model"] == base[0]["model"] and tuned[0]["episode_id"] != base[0]["episode_id"]
@@ -109,57 +105,18 @@ def test_one_training_step_on_real_weights_writes_an_adapter_that_changes_the_po
         for k in a["action_probs"]
     ]
     assert max(moved) > 1e-4, moved
+    return base, tuned
+
+
+def test_one_training_step_on_real_weights_writes_an_adapter_that_changes_the_policy(real_model, tmp_path):
+    _, hf = real_model
+    step_then_play(hf, tmp_path, SMALL, [])
 
 
 def test_one_step_on_the_real_instruct_model_writes_an_adapter_the_rollout_plays(real_instruct, tmp_path):
     """The issue's model: a GRPO step on Qwen2.5-Coder-0.5B-Instruct as the recipe experiment runs it
     (constrained decoding, full memory, --prompt seat-last's shared opening), then the adapter played."""
-    small = ["-n", "3", "--rounds", "2", "--threads", "2", "--decode", "constrained", "--memory", "full"]
-    train = run(
-        [
-            "dphil-train",
-            "--backend",
-            "peft",
-            "--base-model",
-            str(real_instruct),
-            *small,
-            "--prompt",
-            "seat-last",
-            "--steps",
-            "1",
-            "--groups",
-            "1",
-            "--group-size",
-            "2",
-            "--reward",
-            "paper",
-            "--seed",
-            "1",
-            "--lr",
-            "1e-3",
-            "--run-dir",
-            str(tmp_path / "run"),
-            "-q",
-        ],
-        timeout=1200,
-    )
-    assert train.returncode == 0, train.stderr.decode()
-    (ckpt,) = records(train.stdout)
-    assert ckpt["train_episodes"] == 2 and ckpt["train_errors"] == 0
-    assert ckpt["zero_std_groups"] == 0, "seed 1 no longer gives a gradient: pick another"
-    assert ckpt["trained_samples"] > 0 and ckpt["grad_norm"] > 0
-    adapter = tmp_path / "run" / "steps" / "0001"
-    one = ["-n", "3", "--rounds", "1", "--episodes", "1", "--threads", "2", "--decode", "constrained"]
-    one += ["--prompt", "seat-last"]
-    base = check_played(run(["dphil-rollout", "-m", f"hf:{real_instruct}", *one], timeout=900), 1)
-    tuned = check_played(
-        run(["dphil-rollout", "-m", f"hf:{real_instruct}", "--adapter", str(adapter), *one], timeout=900), 1
-    )
+    seat_last = ["--decode", "constrained", "--prompt", "seat-last"]
+    base, tuned = step_then_play(real_instruct, tmp_path, [*SMALL, *seat_last, "--memory", "full"], seat_last)
     # the instruction-tuned model names an action in every turn, with and without the adapter
     assert all(t["action"] is not None for e in (base, tuned) for t in e[0]["turns"])
-    moved = [
-        abs(a["action_probs"][k] - b["action_probs"][k])
-        for a, b in zip(base[0]["turns"], tuned[0]["turns"], strict=True)
-        for k in a["action_probs"]
-    ]
-    assert max(moved) > 1e-4, moved
